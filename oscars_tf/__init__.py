@@ -1,0 +1,20 @@
+"""oscars_tf: adaptive local SGD for TensorFlow clusters of uneven speed.
+
+The public API is exported here and only here.
+"""
+
+from oscars_tf import schedules
+from oscars_tf.errors import (ClusterConfigError, OscarsError,
+                              PeerTimeoutError, WorkerMismatchError)
+
+def __getattr__(name):
+  # Lazy so that TensorFlow-free parts (the launcher, the policy) can be
+  # imported without paying for, or needing, TensorFlow.
+  if name == "OscarsStrategy":
+    from oscars_tf.strategy import OscarsStrategy  # pylint: disable=g-import-not-at-top
+    return OscarsStrategy
+  raise AttributeError(f"module 'oscars_tf' has no attribute {name!r}")
+
+__all__ = ["OscarsStrategy", "schedules", "OscarsError", "ClusterConfigError",
+           "PeerTimeoutError", "WorkerMismatchError"]
+__version__ = "0.1.0"

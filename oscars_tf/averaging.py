@@ -1,0 +1,134 @@
+"""Collectives: weighted averaging of variables inside a group of workers.
+
+One call packs the tensors of a dtype into one flat buffer and runs one
+`CollectiveReduceV2` per dtype with explicit group and instance keys and a
+timeout, so a model of any number of variables costs one collective per sync.
+Every member receives the same reduced buffer, so right after a sync all
+members hold bit-identical values.
+"""
+
+import zlib
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+# Group keys of the strategy's own collectives start here, far above the keys
+# MirroredStrategy allocates for the worker's local devices (from 1 up).
+GROUP_KEY_BASE = 1 << 20
+# Instance keys per role; each role gets a disjoint range of packs.
+INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "logs": 3 << 20}
+_MAX_PACKS = 1 << 10
+
+
+def choose_communication(requested, device_types, hosts):
+  """Picks the collective implementation for a group.
+
+  Args:
+    requested: "auto", "ring" or "nccl".
+    device_types: device type ("GPU"/"CPU") of each member's averaging device.
+    hosts: host name of each member.
+
+  Returns:
+    "NCCL" or "RING" — the `communication_hint` the collective ops get.
+    "auto" picks NCCL only when every member is a GPU on one host; NCCL
+    between hosts needs a network NCCL can use, so gRPC ring is the safe
+    default there.
+  """
+  if requested not in COMMUNICATIONS:
+    raise ValueError(f"`communication` must be one of {COMMUNICATIONS}, got "
+                     f"{requested!r}.")
+  all_gpu = all(t.upper() == "GPU" for t in device_types)
+  if requested == "nccl":
+    if not all_gpu:
+      raise ValueError("communication='nccl' needs every member on a GPU; "
+                       f"got device types {sorted(set(device_types))}. "
+                       "Use 'ring' or 'auto'.")
+    return "NCCL"
+  if requested == "ring":
+    return "RING"
+  return "NCCL" if all_gpu and len(set(hosts)) == 1 else "RING"
+
+
+def group_key_for(members):
+  """A group key per distinct membership (a sorted tuple of worker ids)."""
+  members = tuple(sorted(members))
+  return GROUP_KEY_BASE + zlib.crc32(repr(members).encode()) % (1 << 19)
+
+
+def _packs(tensors):
+  """Indices of float tensors grouped by dtype, in a fixed order."""
+  by_dtype = {}
+  for i, t in enumerate(tensors):
+    by_dtype.setdefault(t.dtype.name, []).append(i)
+  return [by_dtype[k] for k in sorted(by_dtype)]
+
+
+class GroupAverager:
+  """Weighted sum of tensors across the members of one group.
+
+  Each member passes its tensors and its weight; every member gets back
+  `sum_m weight_m * tensors_m`. Weights summing to 1 give a weighted
+  average; a one-hot weight gives a broadcast from that member.
+
+  Args:
+    group_size: number of members.
+    group_key: collective group key (see `group_key_for`).
+    device: device the collective runs on (this member's averaging device).
+    communication: "RING" or "NCCL" (see `choose_communication`).
+    timeout: seconds a member waits for the others before the collective
+      fails with DeadlineExceeded; never 0, so nothing hangs.
+  """
+
+  def __init__(self, group_size, group_key, device, communication, timeout):
+    if timeout <= 0:
+      raise ValueError(f"collective timeout must be > 0 s, got {timeout!r}.")
+    self.group_size = group_size
+    self.group_key = group_key
+    self.device = device
+    self.communication = communication
+    self.timeout = float(timeout)
+
+  def _reduce(self, flat, instance_key, merge_op="Add"):
+    with tf.device(self.device):
+      return collective_ops.all_reduce_v2(
+          flat, group_size=self.group_size, group_key=self.group_key,
+          instance_key=instance_key, merge_op=merge_op, final_op="Id",
+          communication_hint=self.communication, timeout=self.timeout)
+
+  def weighted_sum(self, tensors, weight, role="model"):
+    """Returns `sum over members of weight * tensors` (same structure)."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    out = list(tensors)
+    previous = []
+    for pack_index, indices in enumerate(_packs(tensors)):
+      assert pack_index < _MAX_PACKS
+      dtype = tensors[indices[0]].dtype
+      with tf.device(self.device):
+        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], 0)
+        flat = flat * tf.cast(weight, dtype)
+      # Collectives in one function are ordered explicitly: without an
+      # ordering token, two of them may be launched in different orders on
+      # different members and deadlock.
+      with tf.control_dependencies(previous):
+        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] + pack_index)
+      previous = [reduced]
+      sizes = [int(np.prod(tensors[i].shape)) for i in indices]
+      for i, part in zip(indices, tf.split(reduced, sizes)):
+        out[i] = tf.reshape(part, tensors[i].shape)
+    return out
+
+  def min_max(self, vector, role="check"):
+    """Element-wise (min, max) of a float64 vector over the members."""
+    vector = tf.cast(tf.convert_to_tensor(vector), tf.float64)
+    both = tf.concat([vector, -vector], 0)
+    reduced = self._reduce(both, INSTANCE_KEY_BASE[role], merge_op="Max")
+    n = int(vector.shape[0])
+    return -reduced[n:], reduced[:n]
+
+
+def packed_bytes(tensors):
+  """Bytes one member sends into a ring all-reduce of these tensors (≈2x)."""
+  return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)

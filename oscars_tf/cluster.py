@@ -1,0 +1,178 @@
+"""Cluster description: who the workers are and which one this process is.
+
+Parsed from `TF_CONFIG` or a `tf.distribute.cluster_resolver.ClusterResolver`
+and validated up front, so that a user mistake becomes one clear error here
+instead of a hang or a traceback from inside TensorFlow's runtime.
+
+Workers are the tasks of the `chief` and `worker` jobs, chief first (the same
+numbering as `MultiWorkerMirroredStrategy`); worker 0 is the chief.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+from typing import Dict, List, Optional, Tuple
+
+from oscars_tf.errors import ClusterConfigError
+
+WORKER_JOBS = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+  """A validated cluster and this process's place in it."""
+
+  jobs: Dict[str, Tuple[str, ...]]
+  task_type: str
+  task_id: int
+  rpc_layer: str = "grpc"
+
+  @property
+  def workers(self) -> List[Tuple[str, int, str]]:
+    """(job, task, address) of every worker, chief first."""
+    out = []
+    for job in WORKER_JOBS:
+      out.extend((job, i, a) for i, a in enumerate(self.jobs.get(job, ())))
+    return out
+
+  @property
+  def num_workers(self) -> int:
+    return len(self.workers)
+
+  @property
+  def worker_index(self) -> int:
+    for i, (job, task, _) in enumerate(self.workers):
+      if (job, task) == (self.task_type, self.task_id):
+        return i
+    raise AssertionError("validated cluster lost its own task")
+
+  @property
+  def is_chief(self) -> bool:
+    return self.worker_index == 0
+
+  @property
+  def address(self) -> str:
+    return self.jobs[self.task_type][self.task_id]
+
+  @property
+  def is_multi_worker(self) -> bool:
+    return self.num_workers > 1
+
+  def device_prefix(self, index: Optional[int] = None) -> str:
+    job, task, _ = self.workers[self.worker_index if index is None else index]
+    return "/job:%s/replica:0/task:%d" % (job, task)
+
+
+def local_cluster() -> ClusterInfo:
+  """The one-worker cluster used when nothing is configured."""
+  return ClusterInfo(jobs={}, task_type="worker", task_id=0)
+
+
+def _check_address(job, i, address):
+  if not isinstance(address, str) or address.count(":") < 1:
+    raise ClusterConfigError(
+        f"cluster address {job}[{i}]={address!r} is not 'host:port'.")
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ClusterConfigError(
+        f"cluster address {job}[{i}]={address!r} is not 'host:port' with a "
+        "port in 1..65535.")
+
+
+def from_dict(cluster: dict, task_type, task_id, rpc_layer="grpc",
+              source="TF_CONFIG") -> ClusterInfo:
+  """Validates a cluster spec dict and this task's place in it."""
+  if not isinstance(cluster, dict) or not cluster:
+    raise ClusterConfigError(f"{source}: 'cluster' must be a non-empty dict "
+                             f"of job name to address list, got {cluster!r}.")
+  jobs = {}
+  for job, addresses in cluster.items():
+    if isinstance(addresses, dict):  # sparse form {index: address}
+      addresses = [addresses[k] for k in sorted(addresses, key=int)]
+    if not isinstance(addresses, (list, tuple)) or not addresses:
+      raise ClusterConfigError(f"{source}: job {job!r} must list at least one "
+                               f"address, got {addresses!r}.")
+    for i, a in enumerate(addresses):
+      _check_address(job, i, a)
+    jobs[job] = tuple(addresses)
+  other = sorted(set(jobs) - set(WORKER_JOBS))
+  if other:
+    raise ClusterConfigError(
+        f"{source}: OscarsStrategy trains with 'chief' and 'worker' jobs only; "
+        f"got job(s) {other} (parameter servers and evaluators are not used).")
+  if len(jobs.get("chief", ())) > 1:
+    raise ClusterConfigError(f"{source}: at most one 'chief' task is allowed, "
+                             f"got {len(jobs['chief'])}.")
+  every = [a for job in WORKER_JOBS for a in jobs.get(job, ())]
+  dupes = sorted({a for a in every if every.count(a) > 1})
+  if dupes:
+    raise ClusterConfigError(f"{source}: address(es) {dupes} appear more than "
+                             "once; every task needs its own host:port.")
+  if task_type not in jobs:
+    raise ClusterConfigError(
+        f"{source}: task type {task_type!r} is not a job of the cluster "
+        f"(jobs: {sorted(jobs)}).")
+  try:
+    task_id = int(task_id)
+  except (TypeError, ValueError):
+    raise ClusterConfigError(
+        f"{source}: task index {task_id!r} is not an integer.") from None
+  if not 0 <= task_id < len(jobs[task_type]):
+    raise ClusterConfigError(
+        f"{source}: task index {task_id} is out of range for job "
+        f"{task_type!r}, which has {len(jobs[task_type])} task(s) "
+        f"(valid: 0..{len(jobs[task_type]) - 1}).")
+  return ClusterInfo(jobs=jobs, task_type=task_type, task_id=task_id,
+                     rpc_layer=rpc_layer or "grpc")
+
+
+def from_tf_config(text: Optional[str] = None) -> ClusterInfo:
+  """Parses `TF_CONFIG` (the environment variable, or `text`)."""
+  text = os.environ.get("TF_CONFIG", "") if text is None else text
+  if not text.strip():
+    return local_cluster()
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ClusterConfigError(f"TF_CONFIG is not valid JSON ({e}): "
+                             f"{text[:200]!r}") from None
+  if not isinstance(config, dict):
+    raise ClusterConfigError(f"TF_CONFIG must be a JSON object, got {text!r}.")
+  cluster, task = config.get("cluster"), config.get("task")
+  if not cluster:
+    return local_cluster()
+  if not isinstance(task, dict) or "type" not in task or "index" not in task:
+    raise ClusterConfigError(
+        "TF_CONFIG has a 'cluster' but no 'task' with 'type' and 'index': "
+        f"{text[:200]!r}")
+  return from_dict(cluster, task["type"], task["index"],
+                   config.get("rpc_layer", "grpc"))
+
+
+def from_resolver(resolver) -> ClusterInfo:
+  """Reads a `tf.distribute.cluster_resolver.ClusterResolver`."""
+  spec = resolver.cluster_spec().as_dict()
+  if not spec:
+    return local_cluster()
+  return from_dict(spec, resolver.task_type, resolver.task_id,
+                   getattr(resolver, "rpc_layer", None) or "grpc",
+                   source=type(resolver).__name__)
+
+
+def check_port_free(info: ClusterInfo) -> None:
+  """Fails clearly when this task's port is taken, before TF binds it.
+
+  TensorFlow's server reports a busy port deep inside its C++ runtime (or
+  aborts the process); checking here turns that into a readable error.
+  """
+  _, _, port = info.address.rpartition(":")
+  for family, host in ((socket.AF_INET, "0.0.0.0"),):
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+      try:
+        s.bind((host, int(port)))
+      except OSError as e:
+        raise ClusterConfigError(
+            f"port {port} of this task ({info.task_type}:{info.task_id} at "
+            f"{info.address}) is already in use ({e.strerror}); pick a free "
+            "port or stop the process holding it.") from None

@@ -1,0 +1,17 @@
+"""Errors raised for user mistakes and cluster faults, with clear messages."""
+
+
+class OscarsError(RuntimeError):
+  """Base class of the errors oscars_tf raises on purpose."""
+
+
+class ClusterConfigError(OscarsError, ValueError):
+  """TF_CONFIG or a cluster resolver describes an unusable cluster."""
+
+
+class WorkerMismatchError(OscarsError):
+  """Workers disagree on what they train (model, schedule, dtypes)."""
+
+
+class PeerTimeoutError(OscarsError):
+  """A peer did not reach a planned averaging point in time."""

@@ -1,0 +1,172 @@
+"""oscars-launch: start N local workers of one training job.
+
+    oscars-launch --num_workers 4 -- python train.py --epochs 3
+
+Each worker gets its own TF_CONFIG on a free loopback port (the cluster's
+gRPC is unauthenticated, so nothing listens beyond loopback unless
+--host says so). Every output line is prefixed with the worker index. When a
+worker fails, the others are stopped and the launcher exits non-zero with a
+message naming the worker; Ctrl-C stops all workers. Imports no TensorFlow.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_integer("num_workers", 2, "Number of worker processes.",
+                       lower_bound=1)
+  flags.DEFINE_string("host", "127.0.0.1",
+                      "Address the workers bind. The cluster's gRPC has no "
+                      "authentication: use loopback or a private network.")
+  flags.DEFINE_float("grace_seconds", 10.0, "After one worker fails, how long "
+                     "the others get to exit after SIGTERM before SIGKILL.",
+                     lower_bound=0)
+  flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
+                     "seconds (0: no limit).", lower_bound=0)
+
+
+def free_ports(n, host="127.0.0.1"):
+  """n distinct free TCP ports on host (bound once, then released)."""
+  sockets, ports = [], []
+  try:
+    for _ in range(n):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((host, 0))
+      sockets.append(s)
+      ports.append(s.getsockname()[1])
+  finally:
+    for s in sockets:
+      s.close()
+  return ports
+
+
+def tf_configs(num_workers, host="127.0.0.1", ports=None):
+  """One TF_CONFIG JSON string per worker of a local cluster."""
+  ports = ports or free_ports(num_workers, host)
+  cluster = {"worker": [f"{host}:{p}" for p in ports]}
+  return [json.dumps({"cluster": cluster,
+                      "task": {"type": "worker", "index": i}})
+          for i in range(num_workers)]
+
+
+def _pump(stream, prefix, out):
+  for line in iter(stream.readline, b""):
+    out.write(prefix + line.decode(errors="replace"))
+    out.flush()
+  stream.close()
+
+
+class Job:
+  """A set of local worker processes started with their TF_CONFIGs."""
+
+  def __init__(self, command, num_workers, host="127.0.0.1", env=None,
+               worker_env=None, out=None):
+    self.command = list(command)
+    self.num_workers = num_workers
+    self.procs = []
+    self._threads = []
+    out = out or sys.stdout
+    for i, config in enumerate(tf_configs(num_workers, host)):
+      penv = dict(os.environ if env is None else env)
+      penv["TF_CONFIG"] = config
+      penv.update((worker_env or {}).get(i, {}))
+      p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+      t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", out),
+                           daemon=True)
+      t.start()
+      self.procs.append(p)
+      self._threads.append(t)
+
+  def wait(self, timeout=None, grace=10.0, poll=0.05):
+    """Waits for all workers; returns (exit codes, failed index or None).
+
+    The first worker to exit non-zero ends the job: the others get SIGTERM,
+    then SIGKILL after `grace` seconds.
+    """
+    deadline = None if not timeout else time.monotonic() + timeout
+    failed = None
+    while True:
+      codes = [p.poll() for p in self.procs]
+      bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+      if bad:
+        failed = bad[0]
+        break
+      if all(c == 0 for c in codes):
+        break
+      if deadline and time.monotonic() > deadline:
+        failed = "timeout"
+        break
+      time.sleep(poll)
+    if failed is not None:
+      self.stop(grace)
+    for t in self._threads:
+      t.join(timeout=5)
+    return [p.poll() for p in self.procs], failed
+
+  def stop(self, grace=10.0):
+    """SIGTERM every live worker (its whole process group), then SIGKILL."""
+    for p in self.procs:
+      _signal_group(p, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(p.poll() is None for p in self.procs):
+      time.sleep(0.05)
+    for p in self.procs:
+      _signal_group(p, signal.SIGKILL)
+      p.wait()
+
+
+def _signal_group(proc, sig):
+  if proc.poll() is None:
+    try:
+      os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+      pass
+
+
+def main(argv):
+  command = argv[1:]
+  if command and command[0] == "--":
+    command = command[1:]
+  if not command:
+    raise app.UsageError("give the worker command after --, e.g. "
+                         "oscars-launch --num_workers 2 -- python train.py")
+  job = Job(command, FLAGS.num_workers, FLAGS.host)
+  try:
+    codes, failed = job.wait(FLAGS.timeout, FLAGS.grace_seconds)
+  except KeyboardInterrupt:
+    job.stop(FLAGS.grace_seconds)
+    print("oscars-launch: interrupted; stopped all workers.", file=sys.stderr)
+    return 130
+  if failed == "timeout":
+    print(f"oscars-launch: job ran past --timeout={FLAGS.timeout:g}s; stopped "
+          "all workers.", file=sys.stderr)
+    return 124
+  if failed is not None:
+    print(f"oscars-launch: worker {failed} exited with code {codes[failed]}; "
+          "stopped the other workers.", file=sys.stderr)
+    return 1
+  print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",
+        file=sys.stderr)
+  return 0
+
+
+def run():
+  define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

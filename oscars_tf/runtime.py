@@ -1,0 +1,67 @@
+"""Starts this process's part of the TensorFlow cluster (once per process).
+
+The in-process gRPC server, collective ops and the coordination service are
+set up the way `MultiWorkerMirroredStrategy` sets them up, with one
+difference: the group keys the strategy uses are its own (see averaging.py),
+and no collective is launched by the runtime itself between averaging points.
+"""
+
+import copy
+
+from absl import logging
+import tensorflow as tf
+from tensorflow.core.protobuf import tensorflow_server_pb2
+from tensorflow.python.eager import context
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+
+from oscars_tf import cluster as cluster_lib
+from oscars_tf.errors import ClusterConfigError
+
+_started = None  # the ClusterInfo this process started with
+
+
+def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
+          register_timeout_s: float = 120.0):
+  """Starts the server for `info` (a no-op for a one-worker cluster)."""
+  global _started
+  if _started is not None:
+    if _started != info:
+      raise ClusterConfigError(
+          "this process already joined a different cluster "
+          f"({_started.task_type}:{_started.task_id} of {_started.jobs}); a "
+          "TensorFlow process can join one cluster only.")
+    return
+  if not info.is_multi_worker:
+    _started = info
+    return
+  if context.context()._context_handle is not None:  # pylint: disable=protected-access
+    raise ClusterConfigError(
+        "OscarsStrategy must be created before TensorFlow runs any op in a "
+        "multi-worker process (the cluster is set up when the runtime starts). "
+        "Create the strategy first, right after configuring devices.")
+  cluster_lib.check_port_free(info)
+  spec = tf.train.ClusterSpec({k: list(v) for k, v in info.jobs.items()})
+  leader = info.device_prefix(0)  # "/job:<chief or worker>/replica:0/task:0"
+  context.context().configure_collective_ops(
+      collective_leader=leader,
+      scoped_allocator_enabled_ops=("CollectiveReduce",),
+      device_filters=(info.device_prefix().replace("/replica:0", ""),))
+  jobs = [coordination_config_pb2.CoordinatedJob(name=j, num_tasks=len(a))
+          for j, a in info.jobs.items()]
+  context.context().configure_coordination_service(
+      service_type="standalone", service_leader=leader,
+      coordinated_jobs=jobs,
+      heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000),
+      cluster_register_timeout_in_ms=int(register_timeout_s * 1000))
+  config = copy.deepcopy(context.context().config)
+  config.isolate_session_state = True
+  port = int(info.address.rpartition(":")[2])
+  server_def = tensorflow_server_pb2.ServerDef(
+      cluster=spec.as_cluster_def(), default_session_config=config,
+      job_name=info.task_type, task_index=info.task_id,
+      protocol=info.rpc_layer, port=port)
+  logging.info("oscars_tf: starting worker %d of %d at %s",
+               info.worker_index, info.num_workers, info.address)
+  context.context().enable_collective_ops(server_def)
+  context.context().ensure_initialized()
+  _started = info

@@ -1,0 +1,422 @@
+"""`OscarsStrategy`: local SGD across workers, MirroredStrategy within one.
+
+Glue only: the cluster comes from cluster.py/runtime.py, when to average from
+a schedule (policy), how to average from averaging.py. What this file adds is
+where those meet TensorFlow's strategy contract:
+
+* Inside a worker, the local devices are replicas of a `MirroredStrategy`
+  (gradients summed across them every step). `num_replicas_in_sync`,
+  `reduce`, `gather` and replica-context `all_reduce` are worker-local, so
+  Keras' per-step loss scaling, gradient all-reduce and metric reduction never
+  reach another worker: there is no hidden barrier.
+* A step that updates variables is recognised while it is traced (the
+  optimizer calls `extended.update`); right after it, the strategy appends
+  "count the step; if the schedule says so, average the model with the other
+  workers". So `model.fit`, `steps_per_execution` and custom loops with
+  `strategy.run` all average at the same planned points.
+"""
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.python.distribute import mirrored_strategy
+from tensorflow.python.distribute import values as values_lib
+
+from oscars_tf import averaging
+from oscars_tf import cluster as cluster_lib
+from oscars_tf import runtime
+from oscars_tf import schedules as schedules_lib
+from oscars_tf.errors import PeerTimeoutError, WorkerMismatchError
+
+OPTIMIZER_STATES = ("local", "average")
+
+
+def _resolve_devices(devices, info):
+  """Full names of this worker's replica devices, validated."""
+  local = [d.name for d in tf.config.list_logical_devices()]
+  prefix = (info.device_prefix() if info.is_multi_worker
+            else "/job:localhost/replica:0/task:0")
+  if devices is None:
+    gpus = [d for d in local if tf.DeviceSpec.from_string(d).device_type
+            == "GPU"]
+    return tuple(gpus) if gpus else (prefix + "/device:CPU:0",)
+  if isinstance(devices, str) or not devices:
+    raise ValueError("`devices` must be a non-empty list such as "
+                     f"['CPU:0', 'CPU:1'], got {devices!r}.")
+  out = []
+  for d in devices:
+    text = d if str(d).startswith("/") else "/device:" + str(d)
+    try:
+      spec = tf.DeviceSpec.from_string(text)
+    except ValueError:
+      spec = None
+    if spec is None or spec.device_type is None or spec.device_index is None:
+      raise ValueError(f"`devices`: {d!r} is not a device name like 'GPU:0'.")
+    full = "%s/device:%s:%d" % (prefix, spec.device_type.upper(),
+                                spec.device_index)
+    if full not in local:
+      raise ValueError(f"`devices`: {d!r} is not a device of this worker; its "
+                       f"devices are {[n.split('device:')[-1] for n in local]}.")
+    out.append(full)
+  if len(set(out)) != len(out):
+    raise ValueError(f"`devices` lists a device twice: {devices!r}.")
+  return tuple(out)
+
+
+def _component_variables(var):
+  """The per-device variables behind a (Keras or distributed) variable."""
+  var = getattr(var, "_value", var)  # keras.Variable wraps a tf.Variable
+  if isinstance(var, values_lib.DistributedVariable):
+    return list(var.values)
+  return [var]
+
+
+def _is_float(var):
+  return _component_variables(var)[0].dtype.is_floating
+
+
+class OscarsExtended(mirrored_strategy.MirroredExtended):
+  """Implementation of `OscarsStrategy` (see its docstring)."""
+
+  def __init__(self, container, info, devices, schedule, optimizer_state,
+               communication, collective_timeout):
+    self._cluster = info
+    self._schedule = schedule
+    self._optimizer_state = optimizer_state
+    local_devices = _resolve_devices(devices, info)
+    super().__init__(container, devices=local_devices)
+    self._host = info.device_prefix() + "/device:CPU:0" if (
+        info.is_multi_worker) else "/job:localhost/replica:0/task:0/device:CPU:0"
+    device_type = tf.DeviceSpec.from_string(local_devices[0]).device_type
+    hosts = [a.rpartition(":")[0] for _, _, a in info.workers] or ["localhost"]
+    self._communication = averaging.choose_communication(
+        communication, [device_type] * max(info.num_workers, 1), hosts)
+    averaging_device = (local_devices[0] if self._communication == "NCCL"
+                        else self._host)
+    self._averager = averaging.GroupAverager(
+        group_size=info.num_workers or 1,
+        group_key=averaging.group_key_for(range(info.num_workers)),
+        device=averaging_device, communication=self._communication,
+        timeout=collective_timeout)
+    self._update_log = []         # stack of variables updated per traced call
+    self._started_sets = set()    # variable sets already checked+broadcast
+    self._tracked = None          # (model, optimizer) registered by Keras/user
+    self._last_variables = []
+    self._sync_functions = {}
+    self._suppress_sharding = 0
+    with tf.device(self._host), tf.init_scope():
+      self._local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="oscars_local_step")
+      self._next_sync = tf.Variable(schedule.next_sync_step(0), dtype=tf.int64,
+                                    trainable=False, name="oscars_next_sync")
+      self._last_sync_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="oscars_last_sync_step")
+      self._syncs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="oscars_syncs_done")
+
+  # -- what is averaged ---------------------------------------------------
+
+  def track(self, model, optimizer=None):
+    """Average `model`'s weights (and `optimizer`'s slots if asked)."""
+    self._tracked = (model, optimizer)
+
+  def _variables_to_average(self, updated):
+    if self._tracked is None:
+      if self._optimizer_state == "average":
+        raise ValueError(
+            "optimizer_state='average' needs to know the optimizer: call "
+            "strategy.track(model, optimizer) before the training loop (Keras "
+            "fit does this by itself).")
+      chosen = updated
+    else:
+      model, optimizer = self._tracked
+      chosen = list(model.trainable_weights) + list(model.non_trainable_weights)
+      if self._optimizer_state == "average" and optimizer is not None:
+        skip = {id(getattr(optimizer, "iterations", None))}
+        chosen += [v for v in optimizer.variables if id(v) not in skip]
+    out, seen = [], set()
+    for v in chosen:
+      key = id(_component_variables(v)[0])
+      if key not in seen and _is_float(v):
+        seen.add(key)
+        out.append(v)
+    return out
+
+  # -- recognising training steps -----------------------------------------
+
+  def _update(self, var, fn, args, kwargs, group):
+    if self._update_log:
+      self._update_log[-1].append(var)
+    return super()._update(var, fn, args, kwargs, group)
+
+  def _replica_ctx_update(self, var, fn, args, kwargs, group):
+    if self._update_log:
+      self._update_log[-1].append(var)
+    return super()._replica_ctx_update(var, fn, args, kwargs, group)
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    self._update_log.append([])
+    try:
+      result = super()._call_for_each_replica(fn, args, kwargs)
+    finally:
+      updated = self._update_log.pop()
+    if updated:
+      self._after_train_step(self._variables_to_average(updated))
+    return result
+
+  def _after_train_step(self, variables):
+    self._last_variables = variables
+    self._start_once(variables)
+    step = self._local_step.assign_add(1)
+    if not self._cluster.is_multi_worker:
+      return
+
+    def sync():
+      with tf.control_dependencies([self._average(variables)]):
+        nxt = tf.py_function(self._next_sync_after, [step], tf.int64)
+        return tf.group(self._next_sync.assign(tf.reshape(nxt, [])),
+                        self._last_sync_step.assign(step),
+                        self._syncs_done.assign_add(1))
+
+    tf.cond(step >= self._next_sync, sync, tf.no_op)
+
+  def _next_sync_after(self, step):
+    return np.int64(self._schedule.next_sync_step(int(step)))
+
+  # -- averaging ----------------------------------------------------------
+
+  def _average(self, variables, weight=None):
+    """Replaces every local copy of `variables` with the group's average."""
+    if weight is None:
+      weight = 1.0 / self._cluster.num_workers
+    values = [tf.identity(_component_variables(v)[0]) for v in variables]
+    averaged = self._averager.weighted_sum(values, weight)
+    return tf.group([c.assign(a) for v, a in zip(variables, averaged)
+                     for c in _component_variables(v)])
+
+  def _signature(self, variables):
+    """Numbers every worker must agree on (exact in float32)."""
+    shapes = repr([(tuple(_component_variables(v)[0].shape),
+                    _component_variables(v)[0].dtype.name) for v in variables])
+    return [len(variables),
+            sum(int(np.prod(_component_variables(v)[0].shape))
+                for v in variables),
+            averaging.zlib.crc32(shapes.encode()) % (1 << 24),
+            self._schedule.fingerprint(),
+            OPTIMIZER_STATES.index(self._optimizer_state),
+            ("RING", "NCCL").index(self._communication)]
+
+  def _start_once(self, variables):
+    """Checks that workers agree, then broadcasts worker 0's model.
+
+    Runs eagerly (lifted out of any function being traced), once per set of
+    variables, before the first step executes: every worker starts from the
+    chief's initial weights, and a worker with another model fails here with
+    a clear error instead of corrupting the others.
+    """
+    key = tuple(id(_component_variables(v)[0]) for v in variables)
+    if key in self._started_sets or not self._cluster.is_multi_worker:
+      return
+    self._started_sets.add(key)
+    with tf.init_scope():
+      names = ["variable count", "element count", "shapes/dtypes",
+               "schedule", "optimizer_state", "communication"]
+      mine = self._signature(variables)
+      low, high = self._collective_or_timeout(
+          lambda: self._averager.min_max(mine), "the start of training")
+      bad = [n for n, a, b in zip(names, low.numpy(), high.numpy()) if a != b]
+      if bad:
+        raise WorkerMismatchError(
+            f"workers disagree on {', '.join(bad)}: worker "
+            f"{self._cluster.worker_index} has {len(variables)} variables, "
+            f"{mine[1]} elements, schedule {self._schedule!r}, "
+            f"optimizer_state={self._optimizer_state!r}. Every worker must "
+            "build the same model and the same OscarsStrategy arguments.")
+      weight = 1.0 if self._cluster.is_chief else 0.0
+      self._collective_or_timeout(
+          lambda: self._average(variables, weight), "the initial broadcast")
+
+  def _collective_or_timeout(self, fn, what):
+    try:
+      return fn()
+    except tf.errors.DeadlineExceededError:
+      raise PeerTimeoutError(
+          f"worker {self._cluster.worker_index}: not every one of the "
+          f"{self._cluster.num_workers} workers reached {what} within "
+          f"{self._averager.timeout:.0f} s (collective_timeout). A worker may "
+          "have died, stalled, or stopped training earlier than the others."
+      ) from None
+
+  def needs_sync(self):
+    """True when a step ran since the last averaging point (eager)."""
+    return (self._cluster.is_multi_worker and bool(self._last_variables) and
+            int(self._local_step.numpy()) != int(self._last_sync_step.numpy()))
+
+  def sync_now(self):
+    """Averages the model now (eager). Every worker must call it together."""
+    if not self.needs_sync():
+      return False
+    variables = self._last_variables
+    key = tuple(id(v) for v in variables)
+    if key not in self._sync_functions:
+      def fn():
+        with tf.control_dependencies([self._average(variables)]):
+          self._last_sync_step.assign(self._local_step)
+          self._syncs_done.assign_add(1)
+      self._sync_functions[key] = tf.function(fn, autograph=False)
+    self._collective_or_timeout(self._sync_functions[key], "an averaging point")
+    return True
+
+  def average_numbers(self, numbers):
+    """Mean of a list of floats over all workers (eager, a planned point)."""
+    if not self._cluster.is_multi_worker or not numbers:
+      return list(numbers)
+    vec = tf.constant(numbers, tf.float64)
+    out = self._collective_or_timeout(
+        lambda: self._averager.weighted_sum(
+            [vec], 1.0 / self._cluster.num_workers, role="logs")[0],
+        "an epoch end")
+    return [float(x) for x in out.numpy()]
+
+  def stats(self):
+    return {"local_step": int(self._local_step.numpy()),
+            "syncs": int(self._syncs_done.numpy()),
+            "next_sync_step": int(self._next_sync.numpy())}
+
+  # -- data ---------------------------------------------------------------
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    if (self._cluster.is_multi_worker and not self._suppress_sharding and
+        dataset.options().experimental_distribute.auto_shard_policy != off):
+      dataset = dataset.shard(self._cluster.num_workers,
+                              self._cluster.worker_index)
+    return super()._experimental_distribute_dataset(dataset, options)
+
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+    from tensorflow.python.distribute import input_util  # pylint: disable=g-import-not-at-top
+    context = distribute_lib.InputContext(
+        num_input_pipelines=max(self._cluster.num_workers, 1),
+        input_pipeline_id=self._cluster.worker_index,
+        num_replicas_in_sync=self._num_replicas_in_sync)
+    return input_util.get_distributed_datasets_from_function(
+        dataset_fn, self._input_workers_with_options(options), [context],
+        self._container_strategy(), options)
+
+  # -- roles --------------------------------------------------------------
+
+  @property
+  def should_checkpoint(self):
+    return self._cluster.is_chief
+
+  @property
+  def experimental_between_graph(self):
+    return True
+
+
+class OscarsStrategy(tf.distribute.Strategy):
+  """Local SGD across workers with periodic, exact model averaging.
+
+  Each worker (one process) trains its own copy of the model; the copies are
+  averaged with TF collective ops at the points the `schedule` names. Within a
+  worker, its local devices train in lockstep as in `MirroredStrategy`.
+
+  Args:
+    schedule: when to average; default `schedules.Fixed(every=8)`.
+      `Fixed(every=1)` is synchronous model averaging.
+    devices: this worker's replica devices, e.g. `["GPU:0", "GPU:1"]`;
+      default all local GPUs, else the CPU.
+    cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`;
+      default `TF_CONFIG`; with neither, a one-worker cluster (plain local
+      training, no server started).
+    optimizer_state: "local" (default) keeps optimizer slots per worker;
+      "average" averages them with the model.
+    communication: "auto" (default), "ring" (gRPC) or "nccl".
+    collective_timeout: seconds to wait for the other workers at an
+      averaging point before failing with `PeerTimeoutError` (default 300).
+
+  Batch size: the batch size given to `fit` or to a dataset is the
+  per-worker batch size; it is split across the worker's local devices.
+
+  Example:
+    strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Fixed(8))
+    with strategy.scope():
+      model = keras.Sequential([...])
+      model.compile(optimizer="sgd", loss="...", metrics=["accuracy"])
+    model.fit(x, y, batch_size=32, epochs=3)
+  """
+
+  _collective_key_base = 0
+
+  def __init__(self, schedule=None, devices=None, cluster_resolver=None,
+               optimizer_state="local", communication="auto",
+               collective_timeout=300.0):
+    schedule = schedules_lib.Fixed(8) if schedule is None else schedule
+    if not isinstance(schedule, schedules_lib.Schedule):
+      raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
+                      f"such as Fixed(every=8), got {schedule!r}.")
+    if optimizer_state not in OPTIMIZER_STATES:
+      raise ValueError(f"`optimizer_state` must be one of {OPTIMIZER_STATES}, "
+                       f"got {optimizer_state!r}.")
+    if communication not in averaging.COMMUNICATIONS:
+      raise ValueError(f"`communication` must be one of "
+                       f"{averaging.COMMUNICATIONS}, got {communication!r}.")
+    if (isinstance(collective_timeout, bool) or
+        not isinstance(collective_timeout, (int, float)) or
+        not collective_timeout > 0):
+      raise ValueError("`collective_timeout` must be a number of seconds > 0, "
+                       f"got {collective_timeout!r}.")
+    info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
+            else cluster_lib.from_tf_config())
+    runtime.start(info)
+    super().__init__(OscarsExtended(self, info, devices, schedule,
+                                    optimizer_state, communication,
+                                    collective_timeout))
+    from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
+    keras_integration.install()
+    logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
+                 info.worker_index, max(info.num_workers, 1),
+                 self.extended.worker_devices, schedule)
+
+  @property
+  def cluster(self):
+    """The `cluster.ClusterInfo` of this process."""
+    return self.extended._cluster  # pylint: disable=protected-access
+
+  @property
+  def num_workers(self):
+    return max(self.cluster.num_workers, 1)
+
+  @property
+  def worker_index(self):
+    return self.cluster.worker_index if self.cluster.is_multi_worker else 0
+
+  @property
+  def is_chief(self):
+    return self.worker_index == 0
+
+  @property
+  def schedule(self):
+    return self.extended._schedule  # pylint: disable=protected-access
+
+  def track(self, model, optimizer=None):
+    """Names what a custom training loop averages (Keras fit does it itself).
+
+    Without it a custom loop averages the variables its optimizer updates.
+    With it: `model`'s trainable and non-trainable weights, and with
+    `optimizer_state="average"` the optimizer's slot variables.
+    """
+    self.extended.track(model, optimizer)
+
+  def sync(self):
+    """Averages the model now; every worker must call it at the same point.
+
+    Returns True if an averaging ran (False when nothing changed since the
+    last one, or for a one-worker cluster).
+    """
+    return self.extended.sync_now()
+
+  def stats(self):
+    """Counters of this worker: local steps, averaging collectives run."""
+    return self.extended.stats()
