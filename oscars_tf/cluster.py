@@ -66,7 +66,8 @@ class ClusterInfo:
 
 def local_cluster() -> ClusterInfo:
   """The one-worker cluster used when nothing is configured."""
-  return ClusterInfo(jobs={}, task_type="worker", task_id=0)
+  return ClusterInfo(jobs={"worker": ("localhost:0",)}, task_type="worker",
+                     task_id=0)
 
 
 def _check_address(job, i, address):

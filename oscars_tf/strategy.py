@@ -33,34 +33,36 @@ OPTIMIZER_STATES = ("local", "average")
 
 def _resolve_devices(devices, info):
   """Full names of this worker's replica devices, validated."""
-  local = [d.name for d in tf.config.list_logical_devices()]
+  local = []
+  for d in tf.config.list_logical_devices():
+    spec = tf.DeviceSpec.from_string(d.name)
+    local.append((spec.device_type, spec.device_index))
   prefix = (info.device_prefix() if info.is_multi_worker
             else "/job:localhost/replica:0/task:0")
   if devices is None:
-    gpus = [d for d in local if tf.DeviceSpec.from_string(d).device_type
-            == "GPU"]
-    return tuple(gpus) if gpus else (prefix + "/device:CPU:0",)
-  if isinstance(devices, str) or not devices:
+    chosen = [d for d in local if d[0] == "GPU"] or [("CPU", 0)]
+  elif isinstance(devices, str) or not devices:
     raise ValueError("`devices` must be a non-empty list such as "
                      f"['CPU:0', 'CPU:1'], got {devices!r}.")
-  out = []
-  for d in devices:
-    text = d if str(d).startswith("/") else "/device:" + str(d)
-    try:
-      spec = tf.DeviceSpec.from_string(text)
-    except ValueError:
-      spec = None
-    if spec is None or spec.device_type is None or spec.device_index is None:
-      raise ValueError(f"`devices`: {d!r} is not a device name like 'GPU:0'.")
-    full = "%s/device:%s:%d" % (prefix, spec.device_type.upper(),
-                                spec.device_index)
-    if full not in local:
-      raise ValueError(f"`devices`: {d!r} is not a device of this worker; its "
-                       f"devices are {[n.split('device:')[-1] for n in local]}.")
-    out.append(full)
-  if len(set(out)) != len(out):
-    raise ValueError(f"`devices` lists a device twice: {devices!r}.")
-  return tuple(out)
+  else:
+    chosen = []
+    for d in devices:
+      text = d if str(d).startswith("/") else "/device:" + str(d)
+      try:
+        spec = tf.DeviceSpec.from_string(text)
+      except ValueError:
+        spec = None
+      if spec is None or spec.device_type is None or spec.device_index is None:
+        raise ValueError(f"`devices`: {d!r} is not a device name like 'GPU:0'.")
+      key = (spec.device_type.upper(), spec.device_index)
+      if key not in local:
+        raise ValueError(
+            f"`devices`: {d!r} is not a device of this worker; its devices "
+            f"are {['%s:%d' % k for k in local]}.")
+      if key in chosen:
+        raise ValueError(f"`devices` lists a device twice: {devices!r}.")
+      chosen.append(key)
+  return tuple("%s/device:%s:%d" % (prefix, t, i) for t, i in chosen)
 
 
 def _component_variables(var):
@@ -88,13 +90,13 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     self._host = info.device_prefix() + "/device:CPU:0" if (
         info.is_multi_worker) else "/job:localhost/replica:0/task:0/device:CPU:0"
     device_type = tf.DeviceSpec.from_string(local_devices[0]).device_type
-    hosts = [a.rpartition(":")[0] for _, _, a in info.workers] or ["localhost"]
+    hosts = [a.rpartition(":")[0] for _, _, a in info.workers]
     self._communication = averaging.choose_communication(
-        communication, [device_type] * max(info.num_workers, 1), hosts)
+        communication, [device_type] * info.num_workers, hosts)
     averaging_device = (local_devices[0] if self._communication == "NCCL"
                         else self._host)
     self._averager = averaging.GroupAverager(
-        group_size=info.num_workers or 1,
+        group_size=info.num_workers,
         group_key=averaging.group_key_for(range(info.num_workers)),
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
@@ -297,7 +299,7 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
     from tensorflow.python.distribute import input_util  # pylint: disable=g-import-not-at-top
     context = distribute_lib.InputContext(
-        num_input_pipelines=max(self._cluster.num_workers, 1),
+        num_input_pipelines=self._cluster.num_workers,
         input_pipeline_id=self._cluster.worker_index,
         num_replicas_in_sync=self._num_replicas_in_sync)
     return input_util.get_distributed_datasets_from_function(
@@ -376,7 +378,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
     keras_integration.install()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
-                 info.worker_index, max(info.num_workers, 1),
+                 info.worker_index, info.num_workers,
                  self.extended.worker_devices, schedule)
 
   @property
@@ -386,11 +388,11 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   @property
   def num_workers(self):
-    return max(self.cluster.num_workers, 1)
+    return self.cluster.num_workers
 
   @property
   def worker_index(self):
-    return self.cluster.worker_index if self.cluster.is_multi_worker else 0
+    return self.cluster.worker_index
 
   @property
   def is_chief(self):

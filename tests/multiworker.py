@@ -1,0 +1,96 @@
+"""Runs real worker processes over real gRPC on loopback, for tests.
+
+Every wait is bounded: a job that runs past its timeout is killed (whole
+process groups) and the test fails with the workers' output.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import threading
+
+from oscars_tf import launch
+
+WORKER_PROGRAM = pathlib.Path(__file__).with_name("worker_programs.py")
+
+
+class _Log(io.TextIOBase):
+  """A thread-safe text sink for the workers' prefixed output."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._parts = []
+
+  def write(self, s):
+    with self._lock:
+      self._parts.append(s)
+    return len(s)
+
+  def text(self):
+    with self._lock:
+      return "".join(self._parts)
+
+
+@dataclasses.dataclass
+class JobResult:
+  codes: list
+  failed: object
+  outputs: list  # per worker: the dict it wrote, or None
+  log: str
+
+  def tail(self, n=60):
+    lines = [l for l in self.log.splitlines()
+             if "GRPC error" not in l and "Error received from peer" not in l]
+    return "\n".join(lines[-n:])
+
+
+def worker_env(extra=None):
+  env = dict(os.environ)
+  env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+              "TF_NUM_INTRAOP_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+  env.pop("TF_CONFIG", None)
+  env.update(extra or {})
+  return env
+
+
+def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
+        kill_on_failure=True, expect_success=True):
+  """Runs `scenario` of worker_programs.py on `num_workers` processes."""
+  outdir = tempfile.mkdtemp(prefix=f"oscars_{scenario}_")
+  params = dict(params or {}, outdir=outdir)
+  log = _Log()
+  job = launch.Job([sys.executable, str(WORKER_PROGRAM), scenario,
+                    json.dumps(params)], num_workers, env=worker_env(),
+                   worker_env=per_worker_env, out=log)
+  try:
+    if kill_on_failure:
+      codes, failed = job.wait(timeout=timeout, grace=3)
+    else:
+      codes, failed = _wait_all(job, timeout)
+  finally:
+    job.stop(grace=1)
+  outputs = []
+  for i in range(num_workers):
+    path = os.path.join(outdir, f"worker_{i}.json")
+    outputs.append(json.load(open(path)) if os.path.exists(path) else None)
+  result = JobResult(codes, failed, outputs, log.text())
+  if expect_success:
+    assert failed is None and all(c == 0 for c in codes), (
+        f"job {scenario} failed ({failed}, codes {codes}):\n{result.tail()}")
+  return result
+
+
+def _wait_all(job, timeout):
+  """Waits for every worker to exit by itself (no early kill)."""
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if all(p.poll() is not None for p in job.procs):
+      return [p.poll() for p in job.procs], None
+    time.sleep(0.05)
+  job.stop(grace=1)
+  return [p.poll() for p in job.procs], "timeout"

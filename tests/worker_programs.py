@@ -1,0 +1,220 @@
+"""Programs the multi-process tests run in each worker process.
+
+    python worker_programs.py SCENARIO '{"param": ...}'
+
+Each writes what the test checks to <outdir>/worker_<index>.json.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _setup(params):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  n = params.get("local_devices", 1)
+  if n > 1:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  devices = [f"CPU:{i}" for i in range(n)] if n > 1 else None
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=oscars_tf.schedules.Fixed(params.get("every", 4)),
+      devices=devices, collective_timeout=params.get("timeout", 60),
+      optimizer_state=params.get("optimizer_state", "local"))
+  import keras  # pylint: disable=g-import-not-at-top
+  # Distinct seeds: workers start from different random weights, so equal
+  # weights later prove the initial broadcast and the averaging.
+  keras.utils.set_random_seed(params.get("seed", 0) + strategy.worker_index)
+  return strategy
+
+
+def _write(params, strategy, result):
+  path = os.path.join(params["outdir"], f"worker_{strategy.worker_index}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(result, f)
+  os.replace(path + ".tmp", path)
+
+
+def _mlp(params, hidden=64):
+  import keras  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([
+      keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
+      keras.layers.Dense(10)])
+  opt = (keras.optimizers.Adam(params.get("lr", 0.01))
+         if params.get("optimizer") == "adam"
+         else keras.optimizers.SGD(params.get("lr", 0.1)))
+  model.compile(optimizer=opt,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                metrics=["accuracy"],
+                steps_per_execution=params.get("steps_per_execution", 1))
+  return model
+
+
+def _flat(model):
+  return np.concatenate([np.asarray(v.numpy()).ravel() for v in model.weights])
+
+
+class _Projector:
+  """A fixed random projection of the weights: equal weights, equal vector."""
+
+  def __init__(self, size):
+    self.p = np.random.default_rng(123).normal(size=(8, size))
+
+  def __call__(self, model):
+    return (self.p @ _flat(model).astype(np.float64)).tolist()
+
+
+def fit(params):
+  strategy = _setup(params)
+  import keras  # pylint: disable=g-import-not-at-top
+  from oscars_tf import data  # pylint: disable=g-import-not-at-top
+  (x, y), (xt, yt) = data.digits()
+  hidden = params.get("hidden", 64)
+  if strategy.worker_index == params.get("odd_worker", -1):
+    hidden = hidden // 2
+  with strategy.scope():
+    model = _mlp(params, hidden)
+  me = strategy.worker_index
+  records, step_times = [], []
+  proj = _Projector(_flat(model).size)
+
+  class Recorder(keras.callbacks.Callback):
+
+    def on_epoch_begin(self, epoch, logs=None):
+      if params.get("fail_at_epoch") == [me, epoch]:
+        raise RuntimeError(f"injected failure on worker {me}")
+      if params.get("stop_all_at_epoch") == epoch:
+        raise KeyboardInterrupt("planned stop of every worker")
+
+    def on_train_batch_begin(self, batch, logs=None):
+      self._t = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+      step_times.append(time.perf_counter() - self._t)
+      if params.get("record"):
+        stats = strategy.stats()
+        records.append({"step": stats["local_step"],
+                        "syncs": stats["syncs"], "proj": proj(self.model)})
+      if me == params.get("slow_worker", -1):
+        time.sleep(params["slow_ms"] / 1000.0)
+
+  callbacks = [Recorder()]
+  if params.get("early_stopping"):
+    callbacks.append(keras.callbacks.EarlyStopping(
+        monitor="loss", min_delta=params["early_stopping"], patience=0))
+  ckpt = os.path.join(params["outdir"], "model.keras")
+  if params.get("checkpoint"):
+    callbacks.append(keras.callbacks.ModelCheckpoint(ckpt))
+  if params.get("tensorboard"):
+    callbacks.append(keras.callbacks.TensorBoard(
+        os.path.join(params["outdir"], "tb")))
+  if params.get("backup"):
+    callbacks.append(keras.callbacks.BackupAndRestore(
+        os.path.join(params["shared_dir"], "backup")))
+  history = None
+  try:
+    history = model.fit(x, y, batch_size=params.get("batch_size", 32),
+                        epochs=params.get("epochs", 3), callbacks=callbacks,
+                        validation_data=(xt, yt) if params.get("validate")
+                        else None, shuffle=params.get("shuffle", True),
+                        verbose=0)
+  except KeyboardInterrupt as e:
+    _write(params, strategy, {"interrupted": str(e)})
+    return
+  except Exception as e:  # pylint: disable=broad-except
+    _write(params, strategy, {"error": type(e).__name__, "message": str(e)})
+    raise
+  loss, acc = model.evaluate(xt, yt, verbose=0)
+  _write(params, strategy, {
+      "weights": _flat(model).tolist(), "test_accuracy": acc,
+      "test_loss": loss, "epochs_run": len(history.history["loss"]),
+      "history": {k: [float(v) for v in vs]
+                  for k, vs in history.history.items()},
+      "stats": strategy.stats(), "records": records,
+      "step_times": step_times, "steps_per_epoch": len(step_times) // max(
+          1, len(history.history["loss"])),
+      "predict_sum": float(np.sum(model.predict(xt[:50], verbose=0))),
+  })
+
+
+def sync_equivalence(params):
+  """every=1 with plain SGD must equal one-process SGD on joined batches."""
+  strategy = _setup(dict(params, every=1))
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from oscars_tf import data  # pylint: disable=g-import-not-at-top
+  (x, y), _ = data.digits()
+  x, y = x[:256], y[:256]
+  with strategy.scope():
+    model = _mlp(params)
+  initial = [v.numpy() for v in model.weights]  # before the broadcast
+  model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+  result = {"weights": _flat(model).tolist()}
+  if strategy.is_chief:
+    # Reference: one process, no strategy, the workers' batches side by side.
+    w = strategy.num_workers
+    shards = [(x[i::w], y[i::w]) for i in range(w)]
+    with tf.distribute.get_strategy().scope():
+      ref = _mlp(params)
+    ref.set_weights(initial)
+    for _ in range(2):
+      for b in range(0, len(shards[0][0]), 16):
+        xb = np.concatenate([s[0][b:b + 16] for s in shards])
+        yb = np.concatenate([s[1][b:b + 16] for s in shards])
+        ref.train_on_batch(xb, yb)
+    result["reference"] = _flat(ref).tolist()
+  _write(params, strategy, result)
+
+
+def custom_loop(params):
+  """strategy.run in a tf.function, datasets per worker, explicit sync."""
+  strategy = _setup(params)
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  seen = [int(v) for v in strategy.experimental_distribute_dataset(
+      tf.data.Dataset.range(8).batch(1))]
+  contexts = []
+
+  def dataset_fn(ctx):
+    contexts.append([ctx.num_input_pipelines, ctx.input_pipeline_id])
+    rng = np.random.default_rng(ctx.input_pipeline_id)
+    xs = rng.normal(size=(64, 4)).astype(np.float32)
+    ys = (xs @ np.arange(1, 5, dtype=np.float32))[:, None]
+    return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(8).repeat()
+
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.05)
+  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+  @tf.function
+  def train_step(it):
+    def step(xb, yb):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(xb) - yb) ** 2)
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.run(step, args=next(it))
+
+  projections = []
+  for _ in range(params.get("steps", 10)):
+    train_step(iterator)
+    projections.append(_flat(model).tolist())
+  strategy.sync()
+  _write(params, strategy, {"seen": seen, "contexts": contexts,
+                            "per_step": projections,
+                            "weights": _flat(model).tolist(),
+                            "stats": strategy.stats()})
+
+
+SCENARIOS = {f.__name__: f for f in (fit, sync_equivalence, custom_loop)}
+
+if __name__ == "__main__":
+  SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
