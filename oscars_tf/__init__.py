@@ -5,7 +5,8 @@ The public API is exported here and only here.
 
 from oscars_tf import schedules
 from oscars_tf.errors import (ClusterConfigError, OscarsError,
-                              PeerTimeoutError, WorkerMismatchError)
+                              PeerTimeoutError, WorkerLostError,
+                              WorkerMismatchError)
 
 def __getattr__(name):
   # Lazy so that TensorFlow-free parts (the launcher, the policy) can be
@@ -16,5 +17,5 @@ def __getattr__(name):
   raise AttributeError(f"module 'oscars_tf' has no attribute {name!r}")
 
 __all__ = ["OscarsStrategy", "schedules", "OscarsError", "ClusterConfigError",
-           "PeerTimeoutError", "WorkerMismatchError"]
+           "PeerTimeoutError", "WorkerLostError", "WorkerMismatchError"]
 __version__ = "0.1.0"

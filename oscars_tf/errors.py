@@ -13,5 +13,9 @@ class WorkerMismatchError(OscarsError):
   """Workers disagree on what they train (model, schedule, dtypes)."""
 
 
-class PeerTimeoutError(OscarsError):
+class WorkerLostError(OscarsError):
+  """A peer died, stalled or left before a planned averaging point."""
+
+
+class PeerTimeoutError(WorkerLostError):
   """A peer did not reach a planned averaging point in time."""

@@ -29,6 +29,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from oscars_tf import errors
+
 _installed = False
 
 
@@ -172,9 +174,31 @@ def _wrap_fit(original):
     call = _prepare_fit(self, extended, call)
     call["callbacks"] = [AveragingCallback(extended)] + list(
         call["callbacks"] or [])
-    with _no_sharding(extended):
+    with _no_sharding(extended), _peer_errors_explained(extended):
       return original(self, **call)
   return fit
+
+
+_PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.CancelledError, tf.errors.AbortedError)
+
+
+@contextlib.contextmanager
+def _peer_errors_explained(extended):
+  """Turns a failed averaging collective inside the step into a clear error."""
+  try:
+    yield
+  except _PEER_ERRORS as e:
+    if "Collective" not in str(e):
+      raise
+    info = extended._cluster  # pylint: disable=protected-access
+    kind = ("did not arrive in time" if isinstance(
+        e, tf.errors.DeadlineExceededError) else "is gone")
+    raise errors.WorkerLostError(
+        f"worker {info.worker_index}: a peer {kind} at an averaging point "
+        f"({type(e).__name__}); a worker may have died, stalled, or stopped "
+        "training earlier than the others. This process's collectives are "
+        "now aborted: restart the job (from a checkpoint).") from e
 
 
 def _wrap_unsharded(original):

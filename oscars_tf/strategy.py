@@ -26,7 +26,8 @@ from oscars_tf import averaging
 from oscars_tf import cluster as cluster_lib
 from oscars_tf import runtime
 from oscars_tf import schedules as schedules_lib
-from oscars_tf.errors import PeerTimeoutError, WorkerMismatchError
+from oscars_tf.errors import (PeerTimeoutError, WorkerLostError,
+                              WorkerMismatchError)
 
 OPTIMIZER_STATES = ("local", "average")
 
@@ -248,6 +249,12 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
           f"{self._averager.timeout:.0f} s (collective_timeout). A worker may "
           "have died, stalled, or stopped training earlier than the others."
       ) from None
+    except (tf.errors.UnavailableError, tf.errors.CancelledError,
+            tf.errors.AbortedError) as e:
+      raise WorkerLostError(
+          f"worker {self._cluster.worker_index}: a peer is gone at {what} "
+          f"({type(e).__name__}); a worker may have died or stopped training "
+          "earlier than the others.") from e
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""

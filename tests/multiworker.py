@@ -41,6 +41,7 @@ class JobResult:
   failed: object
   outputs: list  # per worker: the dict it wrote, or None
   log: str
+  outdir: str
 
   def tail(self, n=60):
     lines = [l for l in self.log.splitlines()
@@ -77,7 +78,7 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
   for i in range(num_workers):
     path = os.path.join(outdir, f"worker_{i}.json")
     outputs.append(json.load(open(path)) if os.path.exists(path) else None)
-  result = JobResult(codes, failed, outputs, log.text())
+  result = JobResult(codes, failed, outputs, log.text(), outdir)
   if expect_success:
     assert failed is None and all(c == 0 for c in codes), (
         f"job {scenario} failed ({failed}, codes {codes}):\n{result.tail()}")

@@ -177,7 +177,7 @@ def custom_loop(params):
   strategy = _setup(params)
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  seen = [int(v) for v in strategy.experimental_distribute_dataset(
+  seen = [int(v.numpy()[0]) for v in strategy.experimental_distribute_dataset(
       tf.data.Dataset.range(8).batch(1))]
   contexts = []
 

@@ -1,0 +1,170 @@
+"""Multi-process tests: real workers, real gRPC on loopback, bounded waits."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import multiworker
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _max_diff(a, b):
+  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+@pytest.fixture(scope="module")
+def fit_two_workers():
+  return multiworker.run("fit", 2, {"every": 4, "record": True, "epochs": 4,
+                                    "validate": True, "checkpoint": True,
+                                    "tensorboard": True})
+
+
+def test_fit_two_workers_converges_to_identical_weights(fit_two_workers):
+  first, second = fit_two_workers.outputs
+  assert first["test_accuracy"] > 0.85, first["test_accuracy"]
+  assert _max_diff(first["weights"], second["weights"]) <= 1e-6
+  assert first["history"]["val_loss"] == second["history"]["val_loss"]
+  assert first["predict_sum"] == pytest.approx(second["predict_sum"], abs=1e-4)
+
+
+def test_weights_differ_between_syncs_and_agree_right_after(fit_two_workers):
+  first, second = fit_two_workers.outputs
+  steps_per_epoch = first["steps_per_epoch"]
+  after_sync = differ = 0
+  for a, b in zip(first["records"], second["records"]):
+    assert a["step"] == b["step"] and a["syncs"] == b["syncs"]
+    d = _max_diff(a["proj"], b["proj"])
+    if a["step"] % 4 == 0:
+      assert d <= 1e-4, (a["step"], d)  # 8 dot products of equal weights
+      after_sync += 1
+    elif a["step"] % steps_per_epoch:  # not an epoch end either
+      assert d > 1e-3, (a["step"], d)
+      differ += 1
+  assert after_sync >= 5 and differ >= 10
+
+
+def test_collectives_equal_sync_points(fit_two_workers):
+  for out in fit_two_workers.outputs:
+    total = out["stats"]["local_step"]
+    spe = out["steps_per_epoch"]
+    in_step = total // 4
+    epoch_ends = sum(1 for e in range(1, total // spe + 1) if (e * spe) % 4)
+    assert out["stats"]["syncs"] == in_step + epoch_ends
+
+
+def test_checkpoint_holds_the_averaged_model_and_logs_are_per_worker(
+    fit_two_workers):
+  import keras  # pylint: disable=g-import-not-at-top
+  outdir = fit_two_workers.outdir
+  saved = keras.models.load_model(os.path.join(outdir, "model.keras"))
+  flat = np.concatenate([w.ravel() for w in saved.get_weights()])
+  assert _max_diff(flat, fit_two_workers.outputs[0]["weights"]) == 0.0
+  assert os.listdir(os.path.join(outdir, "tb", "train"))
+  assert os.listdir(os.path.join(outdir, "tb", "worker_1", "train"))
+
+
+def test_three_workers_converge(tmp_path):
+  result = multiworker.run("fit", 3, {"every": 8, "epochs": 5})
+  outs = result.outputs
+  for o in outs[1:]:
+    assert _max_diff(outs[0]["weights"], o["weights"]) <= 1e-6
+  assert outs[0]["test_accuracy"] > 0.85
+
+
+def test_every_one_equals_synchronous_sgd():
+  result = multiworker.run("sync_equivalence", 2, {"lr": 0.1})
+  chief = result.outputs[0]
+  assert _max_diff(chief["weights"], result.outputs[1]["weights"]) <= 1e-6
+  assert _max_diff(chief["weights"], chief["reference"]) <= 1e-5
+
+
+def test_no_hidden_barrier_with_a_slow_worker():
+  """A sleeping worker must not slow the others between averaging points."""
+  params = {"every": 1000, "epochs": 1, "batch_size": 16}
+  base = multiworker.run("fit", 2, params).outputs[0]
+  slow = multiworker.run("fit", 2, dict(params, slow_worker=1,
+                                        slow_ms=40)).outputs[0]
+  # Step 0 holds the first trace and the start-of-training broadcast.
+  base_step = float(np.median(base["step_times"][1:]))
+  slow_step = float(np.median(slow["step_times"][1:]))
+  assert slow_step < base_step + 0.010, (base_step, slow_step)
+  # One averaging collective per planned point: only the epoch end here.
+  assert slow["stats"]["syncs"] == 1
+
+
+def test_steps_per_execution_and_adam_average_state():
+  result = multiworker.run("fit", 2, {"every": 2, "epochs": 2,
+                                      "steps_per_execution": 3,
+                                      "optimizer": "adam",
+                                      "optimizer_state": "average"})
+  first, second = result.outputs
+  assert _max_diff(first["weights"], second["weights"]) <= 1e-6
+  assert first["test_accuracy"] > 0.8
+
+
+def test_early_stopping_ends_every_worker_together():
+  result = multiworker.run("fit", 2, {"every": 4, "epochs": 10,
+                                      "early_stopping": 0.5})
+  first, second = result.outputs
+  assert first["epochs_run"] == second["epochs_run"] < 10
+  assert _max_diff(first["weights"], second["weights"]) <= 1e-6
+
+
+def test_custom_training_loop_and_input_sharding():
+  result = multiworker.run("custom_loop", 2, {"every": 3, "steps": 7})
+  first, second = result.outputs
+  assert first["seen"] == [0, 2, 4, 6] and second["seen"] == [1, 3, 5, 7]
+  assert first["contexts"] == [[2, 0]] and second["contexts"] == [[2, 1]]
+  for step, (a, b) in enumerate(zip(first["per_step"], second["per_step"]), 1):
+    d = _max_diff(a, b)
+    assert (d <= 1e-6) if step % 3 == 0 else (d > 0), (step, d)
+  assert _max_diff(first["weights"], second["weights"]) <= 1e-6
+  assert first["stats"]["syncs"] == 7 // 3 + 1  # + the explicit sync()
+
+
+def test_models_that_differ_fail_at_the_first_sync():
+  start = time.monotonic()
+  result = multiworker.run("fit", 2, {"odd_worker": 1, "timeout": 30},
+                           expect_success=False, kill_on_failure=False)
+  assert time.monotonic() - start < 60
+  assert all(c not in (0, None) for c in result.codes), result.tail()
+  for out in result.outputs:
+    assert out["error"] == "WorkerMismatchError", out
+    assert "variable count" in out["message"] or "element" in out["message"]
+
+
+def test_exception_on_one_worker_is_a_clear_error_on_the_others():
+  start = time.monotonic()
+  result = multiworker.run("fit", 2, {"fail_at_epoch": [1, 1], "timeout": 8,
+                                      "epochs": 3},
+                           expect_success=False, kill_on_failure=False)
+  assert time.monotonic() - start < 90
+  chief = result.outputs[0]
+  # Detected by the collective's timeout or by the lost gRPC peer.
+  assert chief["error"] in ("PeerTimeoutError", "WorkerLostError"), chief
+  assert "worker 0" in chief["message"] and "peer" in chief["message"]
+  assert result.outputs[1]["error"] == "RuntimeError"
+
+
+def test_busy_port_fails_fast_with_a_clear_message():
+  with socket.socket() as holder:
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    env = multiworker.worker_env({"TF_CONFIG": json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{port}", "127.0.0.1:1"]},
+        "task": {"type": "worker", "index": 0}})})
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", "import oscars_tf; oscars_tf.OscarsStrategy()"],
+        env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "already in use" in proc.stderr
+  assert time.monotonic() - start < 60
