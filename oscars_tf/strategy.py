@@ -30,6 +30,7 @@ from oscars_tf.errors import (PeerTimeoutError, WorkerLostError,
                               WorkerMismatchError)
 
 OPTIMIZER_STATES = ("local", "average")
+LOCAL_REPLICAS = ("mirrored", "local_sgd")
 
 
 def _resolve_devices(devices, info):
@@ -82,8 +83,9 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
   def __init__(self, container, info, devices, schedule, optimizer_state,
-               communication, collective_timeout):
+               communication, collective_timeout, local_replicas="mirrored"):
     self._cluster = info
+    self._local_sgd = local_replicas == "local_sgd"
     self._schedule = schedule
     self._optimizer_state = optimizer_state
     local_devices = _resolve_devices(devices, info)
@@ -171,7 +173,7 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     self._last_variables = variables
     self._start_once(variables)
     step = self._local_step.assign_add(1)
-    if not self._cluster.is_multi_worker:
+    if not (self._cluster.is_multi_worker or self._local_sgd):
       return
 
     def sync():
@@ -192,8 +194,13 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     """Replaces every local copy of `variables` with the group's average."""
     if weight is None:
       weight = 1.0 / self._cluster.num_workers
-    values = [tf.identity(_component_variables(v)[0]) for v in variables]
-    averaged = self._averager.weighted_sum(values, weight)
+    if self._local_sgd:  # local copies differ: average them first
+      values = [tf.add_n([tf.identity(c) for c in _component_variables(v)]) /
+                len(_component_variables(v)) for v in variables]
+    else:  # copies are identical (mirrored): the first one speaks for all
+      values = [tf.identity(_component_variables(v)[0]) for v in variables]
+    averaged = (self._averager.weighted_sum(values, weight)
+                if self._cluster.is_multi_worker else values)
     return tf.group([c.assign(a) for v, a in zip(variables, averaged)
                      for c in _component_variables(v)])
 
@@ -258,7 +265,8 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""
-    return (self._cluster.is_multi_worker and bool(self._last_variables) and
+    return ((self._cluster.is_multi_worker or self._local_sgd) and
+            bool(self._last_variables) and
             int(self._local_step.numpy()) != int(self._last_sync_step.numpy()))
 
   def sync_now(self):
@@ -291,6 +299,32 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     return {"local_step": int(self._local_step.numpy()),
             "syncs": int(self._syncs_done.numpy()),
             "next_sync_step": int(self._next_sync.numpy())}
+
+  # -- local SGD among local replicas --------------------------------------
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    # With local_replicas="local_sgd" the gradient all-reduce Keras and
+    # custom loops do in replica context must leave each replica its own
+    # gradient: SUM returns the replica's value times the replica count
+    # (undoing the 1/num_replicas loss scaling), MEAN returns it unchanged.
+    if not self._local_sgd:
+      return super()._batch_reduce_to(reduce_op, value_destination_pairs,
+                                      options)
+    scale = (float(self._num_replicas_in_sync)
+             if reduce_op == tf.distribute.ReduceOp.SUM else 1.0)
+    out = []
+    for value, _ in value_destination_pairs:
+      parts = self._local_results(value)
+      out.append(values_lib.PerReplica(tuple(
+          tf.identity(p) * tf.cast(scale, p.dtype) for p in parts)))
+    return out
+
+  def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
+    if not self._local_sgd:
+      return super()._replica_ctx_all_reduce(reduce_op, value, options)
+    scale = (float(self._num_replicas_in_sync)
+             if reduce_op == tf.distribute.ReduceOp.SUM else 1.0)
+    return tf.nest.map_structure(lambda v: v * tf.cast(scale, v.dtype), value)
 
   # -- data ---------------------------------------------------------------
 
@@ -341,6 +375,11 @@ class OscarsStrategy(tf.distribute.Strategy):
       training, no server started).
     optimizer_state: "local" (default) keeps optimizer slots per worker;
       "average" averages them with the model.
+    local_replicas: "mirrored" (default): the worker's devices sum their
+      gradients every step, as in MirroredStrategy. "local_sgd": each device
+      steps on its own gradient and the devices' copies are averaged at every
+      averaging point too (replica-context `all_reduce` then returns each
+      replica's own value, scaled by the replica count for SUM).
     communication: "auto" (default), "ring" (gRPC) or "nccl".
     collective_timeout: seconds to wait for the other workers at an
       averaging point before failing with `PeerTimeoutError` (default 300).
@@ -360,7 +399,7 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   def __init__(self, schedule=None, devices=None, cluster_resolver=None,
                optimizer_state="local", communication="auto",
-               collective_timeout=300.0):
+               collective_timeout=300.0, local_replicas="mirrored"):
     schedule = schedules_lib.Fixed(8) if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
@@ -368,6 +407,9 @@ class OscarsStrategy(tf.distribute.Strategy):
     if optimizer_state not in OPTIMIZER_STATES:
       raise ValueError(f"`optimizer_state` must be one of {OPTIMIZER_STATES}, "
                        f"got {optimizer_state!r}.")
+    if local_replicas not in LOCAL_REPLICAS:
+      raise ValueError(f"`local_replicas` must be one of {LOCAL_REPLICAS}, "
+                       f"got {local_replicas!r}.")
     if communication not in averaging.COMMUNICATIONS:
       raise ValueError(f"`communication` must be one of "
                        f"{averaging.COMMUNICATIONS}, got {communication!r}.")
@@ -381,7 +423,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     runtime.start(info)
     super().__init__(OscarsExtended(self, info, devices, schedule,
                                     optimizer_state, communication,
-                                    collective_timeout))
+                                    collective_timeout, local_replicas))
     from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
     keras_integration.install()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",

@@ -191,3 +191,38 @@ def test_optimizer_state_average_in_custom_loop_needs_track():
     strategy.run(tf.function(fn))
   strategy.track(model, opt)
   strategy.run(tf.function(fn))
+
+
+def test_local_sgd_among_local_replicas():
+  strategy = oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd",
+      schedule=oscars_tf.schedules.Fixed(every=3))
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    opt = keras.optimizers.SGD(0.1)
+  x, y = _data(64)
+  ds = iter(strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()))
+
+  @tf.function
+  def step(batch):
+    def fn(xb, yb):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+            yb, model(xb), from_logits=True)) / 2.0  # as Keras scales it
+      grads = tape.gradient(loss, model.trainable_variables)
+      grads = tf.distribute.get_replica_context().all_reduce("SUM", grads)
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+    strategy.run(fn, args=batch)
+
+  kernel = model.trainable_variables[0].value  # the distributed tf.Variable
+  for k in range(1, 7):
+    step(next(ds))
+    a, b = (c.numpy() for c in strategy.experimental_local_results(kernel))
+    if k % 3:
+      assert np.max(np.abs(a - b)) > 1e-5, k  # each replica on its own batch
+    else:
+      np.testing.assert_array_equal(a, b)     # averaged at the sync point
+  assert strategy.stats()["syncs"] == 2
+  with pytest.raises(ValueError, match="local_replicas"):
+    oscars_tf.OscarsStrategy(local_replicas="async")

@@ -1,0 +1,95 @@
+"""Tests for oscars-launch (the launcher imports no TensorFlow)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from oscars_tf import launch
+
+LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+WORKER = ("import json, os, sys, time; "
+          "c = json.loads(os.environ['TF_CONFIG']); i = c['task']['index']; ")
+
+
+def _launch(args, code, timeout=60):
+  return subprocess.run(LAUNCH + args + ["--", sys.executable, "-c",
+                                         WORKER + code],
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_tf_configs_are_distinct_loopback_workers():
+  configs = [json.loads(c) for c in launch.tf_configs(3)]
+  addresses = configs[0]["cluster"]["worker"]
+  assert len(set(addresses)) == 3
+  assert all(a.startswith("127.0.0.1:") for a in addresses)
+  assert [c["task"]["index"] for c in configs] == [0, 1, 2]
+  assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
+
+
+def test_output_is_prefixed_with_the_worker_index():
+  proc = _launch(["--num_workers", "2"],
+                 "print('hello', i, c['cluster']['worker'][i])")
+  assert proc.returncode == 0, proc.stderr
+  for i in range(2):
+    assert re.search(rf"^\[{i}\] hello {i} 127\.0\.0\.1:\d+$", proc.stdout,
+                     re.M), proc.stdout
+  assert "all 2 workers finished" in proc.stderr
+
+
+def test_a_failing_worker_ends_the_job_within_seconds():
+  start = time.monotonic()
+  proc = _launch(["--num_workers", "3", "--grace_seconds", "2"],
+                 "sys.exit(3) if i == 1 else time.sleep(120)")
+  elapsed = time.monotonic() - start
+  assert proc.returncode == 1
+  assert "worker 1 exited with code 3" in proc.stderr
+  assert elapsed < 20, elapsed
+
+
+def test_timeout_stops_the_job():
+  proc = _launch(["--num_workers", "2", "--timeout", "2",
+                  "--grace_seconds", "1"], "time.sleep(120)")
+  assert proc.returncode == 124 and "--timeout" in proc.stderr
+
+
+def test_ctrl_c_stops_every_worker():
+  proc = subprocess.Popen(
+      LAUNCH + ["--num_workers", "2", "--grace_seconds", "2", "--",
+                sys.executable, "-c",
+                WORKER + "print('pid', os.getpid(), flush=True); "
+                "time.sleep(120)"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  pids = []
+  deadline = time.monotonic() + 30
+  while len(pids) < 2 and time.monotonic() < deadline:
+    line = proc.stdout.readline()
+    m = re.search(r"pid (\d+)", line)
+    if m:
+      pids.append(int(m.group(1)))
+  try:
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+  finally:
+    proc.kill()
+  for pid in pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+
+
+def test_missing_command_is_a_usage_error():
+  proc = subprocess.run(LAUNCH + ["--num_workers", "2"], capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode != 0 and "give the worker command" in proc.stderr
+
+
+def test_bad_worker_count_names_the_flag():
+  proc = subprocess.run(LAUNCH + ["--num_workers", "0", "--", "true"],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0 and "num_workers" in proc.stderr
