@@ -99,14 +99,40 @@ def test_no_hidden_barrier_with_a_slow_worker():
   assert slow["stats"]["syncs"] == 1
 
 
-def test_steps_per_execution_and_adam_average_state():
+@pytest.mark.parametrize("state", ["average", "local"])
+def test_steps_per_execution_and_optimizer_state(state):
   result = multiworker.run("fit", 2, {"every": 2, "epochs": 2,
                                       "steps_per_execution": 3,
                                       "optimizer": "adam",
-                                      "optimizer_state": "average"})
+                                      "optimizer_state": state})
   first, second = result.outputs
   assert _max_diff(first["weights"], second["weights"]) <= 1e-6
   assert first["test_accuracy"] > 0.8
+  slots = _max_diff(first["optimizer_slots"], second["optimizer_slots"])
+  if state == "average":
+    assert slots <= 1e-4   # Adam moments averaged with the model
+  else:
+    assert slots > 1e-4    # each worker keeps its own moments
+
+
+def test_steps_per_epoch_on_an_endless_dataset():
+  result = multiworker.run("fit", 2, {"every": 3, "epochs": 2,
+                                      "dataset_steps": 10})
+  first, second = result.outputs
+  assert first["stats"]["local_step"] == second["stats"]["local_step"] == 20
+  assert _max_diff(first["weights"], second["weights"]) <= 1e-6
+
+
+def test_backup_and_restore_resumes_every_worker(tmp_path):
+  shared = {"every": 4, "epochs": 4, "backup": True,
+            "shared_dir": str(tmp_path)}
+  first = multiworker.run("fit", 2, dict(shared, stop_all_at_epoch=2))
+  assert all("interrupted" in o for o in first.outputs)
+  resumed = multiworker.run("fit", 2, shared)
+  a, b = resumed.outputs
+  assert a["epochs_run"] == b["epochs_run"] == 2  # epochs 2 and 3 only
+  assert _max_diff(a["weights"], b["weights"]) <= 1e-6
+  assert a["test_accuracy"] > 0.85
 
 
 def test_early_stopping_ends_every_worker_together():

@@ -118,9 +118,15 @@ def fit(params):
     callbacks.append(keras.callbacks.BackupAndRestore(
         os.path.join(params["shared_dir"], "backup")))
   history = None
+  fit_x, fit_y, fit_kwargs = x, y, {"batch_size": params.get("batch_size", 32)}
+  if params.get("dataset_steps"):  # an endless tf.data stream
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    fit_x = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        512, seed=me).batch(32).repeat()
+    fit_y, fit_kwargs = None, {"steps_per_epoch": params["dataset_steps"]}
   try:
-    history = model.fit(x, y, batch_size=params.get("batch_size", 32),
-                        epochs=params.get("epochs", 3), callbacks=callbacks,
+    history = model.fit(fit_x, fit_y, epochs=params.get("epochs", 3),
+                        callbacks=callbacks, **fit_kwargs,
                         validation_data=(xt, yt) if params.get("validate")
                         else None, shuffle=params.get("shuffle", True),
                         verbose=0)
@@ -140,6 +146,9 @@ def fit(params):
       "step_times": step_times, "steps_per_epoch": len(step_times) // max(
           1, len(history.history["loss"])),
       "predict_sum": float(np.sum(model.predict(xt[:50], verbose=0))),
+      "optimizer_slots": [float(np.sum(np.abs(v.numpy())))
+                          for v in model.optimizer.variables
+                          if v.dtype == "float32"],
   })
 
 
