@@ -19,7 +19,8 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 # MirroredStrategy allocates for the worker's local devices (from 1 up).
 GROUP_KEY_BASE = 1 << 20
 # Instance keys per role; each role gets a disjoint range of packs.
-INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "logs": 3 << 20}
+INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "logs": 3 << 20,
+                     "table": 4 << 20}
 _MAX_PACKS = 1 << 10
 
 
@@ -91,15 +92,23 @@ class GroupAverager:
     self.communication = communication
     self.timeout = float(timeout)
 
-  def _reduce(self, flat, instance_key, merge_op="Add"):
+  def _reduce(self, flat, instance_key, merge_op="Add", group_size=None,
+              group_key=None):
     with tf.device(self.device):
       return collective_ops.all_reduce_v2(
-          flat, group_size=self.group_size, group_key=self.group_key,
+          flat,
+          group_size=self.group_size if group_size is None else group_size,
+          group_key=self.group_key if group_key is None else group_key,
           instance_key=instance_key, merge_op=merge_op, final_op="Id",
           communication_hint=self.communication, timeout=self.timeout)
 
-  def weighted_sum(self, tensors, weight, role="model"):
-    """Returns `sum over members of weight * tensors` (same structure)."""
+  def weighted_sum(self, tensors, weight, role="model", group_size=None,
+                   group_key=None):
+    """Returns `sum over members of weight * tensors` (same structure).
+
+    `group_size` and `group_key` may be tensors, overriding the averager's
+    own, so one op serves whichever group a plan puts this member in.
+    """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
     previous = []
@@ -113,7 +122,8 @@ class GroupAverager:
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
       with tf.control_dependencies(previous):
-        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] + pack_index)
+        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] + pack_index,
+                               group_size=group_size, group_key=group_key)
       previous = [reduced]
       sizes = [int(np.prod(tensors[i].shape)) for i in indices]
       for i, part in zip(indices, tf.split(reduced, sizes)):

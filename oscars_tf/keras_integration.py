@@ -60,6 +60,10 @@ class AveragingCallback(keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     self._in_fit = True
 
+  def on_epoch_begin(self, epoch, logs=None):
+    # Validation and callbacks ran since the last round ended: not compute.
+    self._extended.mark_round_start()
+
   def on_test_begin(self, logs=None):
     if self._in_fit:  # validation inside fit: evaluate the averaged model
       self._extended.sync_now()

@@ -1,21 +1,41 @@
-"""When to average: schedules are pure policy (no TensorFlow import).
+"""When and with whom to average: schedules are pure policy (no TensorFlow).
 
-A schedule answers one question for the strategy: after an averaging point at
-local step `step`, at which local step is the next one? The strategy keeps the
-step counters and runs the collectives; a schedule only does arithmetic, so it
-can be tested without a cluster and gives the same answer on every worker.
+A schedule turns the step-rate table into the plan of the next round (see
+scheduler.py). The strategy keeps the counters and runs the collectives; a
+schedule only does arithmetic, so it is testable without a cluster and gives
+the same answer on every worker. Period rules are small objects with state
+passed in and out, composed into `Adaptive`.
 """
 
+import dataclasses
 import hashlib
 import json
+import math
 import warnings
+
+from oscars_tf import scheduler
+
+
+def _positive_int(name, value, owner):
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{owner}: `{name}` must be a positive int, got "
+                     f"{value!r}.")
+  return value
+
+
+def _positive_float(name, value, owner):
+  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+      not math.isfinite(value) or value <= 0):
+    raise ValueError(f"{owner}: `{name}` must be a finite number > 0, got "
+                     f"{value!r}.")
+  return float(value)
 
 
 class Schedule:
-  """Base class: a deterministic rule for the next averaging point."""
+  """Base class: a deterministic rule for the next round's plan."""
 
-  def next_sync_step(self, step: int) -> int:
-    """Local step of the next averaging point after one at `step`."""
+  def plan(self, table, round_, state=None):
+    """The `scheduler.Plan` of round `round_` (state: previous plan's)."""
     raise NotImplementedError
 
   def config(self) -> dict:
@@ -23,35 +43,35 @@ class Schedule:
     raise NotImplementedError
 
   def fingerprint(self) -> int:
-    """A 24-bit number that differs when `config()` differs.
-
-    24 bits so that it travels exactly in a float32 collective.
-    """
+    """24 bits that differ when `config()` differs (exact in float32)."""
     text = json.dumps(self.config(), sort_keys=True).encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:3], "big")
 
+  def __repr__(self):
+    args = ", ".join(f"{k}={v!r}" for k, v in self.config().items()
+                     if k != "schedule")
+    return f"{type(self).__name__}({args})"
+
 
 class Fixed(Schedule):
-  """Periodic model averaging: average every `every` local steps.
+  """Periodic model averaging: every `every` local steps, all workers.
 
-  This is local SGD with a constant period (Stich, "Local SGD Converges Fast
-  and Communicates Little", ICLR 2019; PyTorch's `PeriodicModelAverager`).
+  Local SGD with a constant period (Stich, "Local SGD Converges Fast and
+  Communicates Little", ICLR 2019; PyTorch's `PeriodicModelAverager`).
   `every=1` averages after every step: synchronous model averaging, which for
-  plain SGD equals synchronous data-parallel SGD, and serves as the baseline.
+  plain SGD equals synchronous data-parallel SGD — the baseline.
 
   Args:
-    every: positive int, number of local steps between averaging points.
-    warmup_steps: int >= 0 (default 0); during the first `warmup_steps` steps
-      the model is averaged after every step (as PyTorch's averager does for
-      its warm-up stage), after which the period is `every`.
+    every: positive int, local steps between averaging points.
+    warmup_steps: int >= 0 (default 0); the first `warmup_steps` steps are
+      each followed by an averaging (as PyTorch's averager's warm-up stage).
 
   Example:
     strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Fixed(8))
   """
 
   def __init__(self, every: int = 8, warmup_steps: int = 0):
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-      raise ValueError(f"Fixed: `every` must be a positive int, got {every!r}.")
+    self.every = _positive_int("every", every, "Fixed")
     if (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
         or warmup_steps < 0):
       raise ValueError("Fixed: `warmup_steps` must be an int >= 0, got "
@@ -59,17 +79,201 @@ class Fixed(Schedule):
     if every == 1 and warmup_steps:
       warnings.warn("Fixed(every=1) averages every step already; "
                     "`warmup_steps` has no effect.")
-    self.every = every
     self.warmup_steps = warmup_steps
 
-  def next_sync_step(self, step: int) -> int:
-    if step < self.warmup_steps:
-      return step + 1
-    return step + self.every
+  def plan(self, table, round_, state=None):
+    return scheduler.fixed_plan(table, self.every, self.warmup_steps, round_,
+                                state)
 
-  def config(self) -> dict:
+  def config(self):
     return {"schedule": "Fixed", "every": self.every,
             "warmup_steps": self.warmup_steps}
 
-  def __repr__(self):
-    return f"Fixed(every={self.every}, warmup_steps={self.warmup_steps})"
+
+# -- period rules: how many steps the fastest worker runs per round ---------
+
+class Constant:
+  """Keeps the period at `Adaptive.initial_period`."""
+
+  def update(self, state, table, config):
+    del table, config
+    return state
+
+  def config(self):
+    return {"rule": "Constant"}
+
+
+class AdaComm:
+  """Period shrinks as the loss falls: H_r = H_0 * sqrt(loss_r / loss_0).
+
+  Wang & Joshi, "Adaptive Communication Strategies to Achieve the Best
+  Error-Runtime Trade-off in Local-Update SGD", SysML 2019: long periods
+  early (fast progress per second), short ones as the loss flattens (low
+  error floor). loss_r is the mean of the workers' reported losses.
+  """
+
+  def update(self, state, table, config):
+    losses = [e.loss for e in table.entries
+              if math.isfinite(e.loss) and e.loss > 0]
+    if not losses:
+      return state
+    loss = sum(losses) / len(losses)
+    if not math.isfinite(state.initial_loss):
+      return dataclasses.replace(state, initial_loss=loss)
+    period = config.initial_period * math.sqrt(loss / state.initial_loss)
+    return dataclasses.replace(state, period=float(math.ceil(period)))
+
+  def config(self):
+    return {"rule": "AdaComm"}
+
+
+class QuadraticSync:
+  """Quadratic synchronization rule: H = max(H_base, floor((beta / lr)^2)).
+
+  Gu, Lyu, Arora, Huang, "Why (and When) does Local SGD Generalize Better
+  than SGD?", ICLR 2023: as the learning rate decays, average less often.
+  lr is the median of the learning rates the workers report.
+  """
+
+  def __init__(self, beta: float = 0.1, base_period: int = 2):
+    self.beta = _positive_float("beta", beta, "QuadraticSync")
+    self.base_period = _positive_int("base_period", base_period,
+                                     "QuadraticSync")
+
+  def update(self, state, table, config):
+    del config
+    lrs = sorted(e.learning_rate for e in table.entries
+                 if math.isfinite(e.learning_rate) and e.learning_rate > 0)
+    if not lrs:
+      return state
+    lr = lrs[len(lrs) // 2]
+    period = max(self.base_period, math.floor((self.beta / lr) ** 2))
+    return dataclasses.replace(state, period=float(period))
+
+  def config(self):
+    return {"rule": "QuadraticSync", "beta": self.beta,
+            "base_period": self.base_period}
+
+
+class DivergenceBand:
+  """Keeps the replicas' measured divergence inside [low, high].
+
+  Divergence is |w_i - mean| / |mean| just before an averaging. Above
+  `high` the period is divided by `factor`; below `low` multiplied by it.
+  """
+
+  def __init__(self, low: float = 0.005, high: float = 0.05,
+               factor: float = 2.0):
+    self.low = _positive_float("low", low, "DivergenceBand")
+    self.high = _positive_float("high", high, "DivergenceBand")
+    self.factor = _positive_float("factor", factor, "DivergenceBand")
+    if self.low >= self.high or self.factor <= 1:
+      raise ValueError("DivergenceBand: need low < high and factor > 1, got "
+                       f"low={low!r}, high={high!r}, factor={factor!r}.")
+
+  def update(self, state, table, config):
+    del config
+    divs = [e.divergence for e in table.entries
+            if math.isfinite(e.divergence)]
+    if not divs:
+      return state
+    d = max(divs)
+    if d > self.high:
+      return dataclasses.replace(state, period=state.period / self.factor)
+    if d < self.low:
+      return dataclasses.replace(state, period=state.period * self.factor)
+    return state
+
+  def config(self):
+    return {"rule": "DivergenceBand", "low": self.low, "high": self.high,
+            "factor": self.factor}
+
+
+GROUPINGS = ("host", "speed", "global")
+WEIGHTINGS = ("work", "equal", "normalized")
+
+
+class Adaptive(Schedule):
+  """Oscars: rounds of equal time, local steps by speed, adaptive period.
+
+  Each round has a time budget T = period / (fastest rate); worker i runs
+  k_i = floor(rate_i * T) >= 1 local steps, so all workers reach the
+  averaging point together and no one idles. Groups (same host first, then
+  similar speed) average every round; all workers every `global_every`
+  rounds (adapted to the measured divergence). See scheduler.plan.
+
+  Args (defaults work without tuning):
+    period_rule: AdaComm() (default), QuadraticSync(), DivergenceBand() or
+      Constant(): how the period (steps of the fastest worker) changes.
+    initial_period: 16, the period before the rule has data.
+    min_period / max_period: 1 / 256, bounds of the period.
+    grouping: "host" (default), "speed" or "global".
+    max_group_size: None (no bound) or an int >= 2.
+    global_every: 4, rounds between global syncs (when groups are smaller
+      than the cluster); adapted within [1, max_global_every=64] when
+      `adaptive_global` using divergence_low / divergence_high.
+    weighting: "work" (default: by local steps), "equal", or "normalized"
+      (FedNova: each member's update divided by its local steps, so fast
+      workers don't bias the model).
+    straggler_ratio: 0.25; a worker below this fraction of the median rate
+      is flagged a straggler; T never drops below one of its steps.
+    max_staleness: 3 rounds; older table rows are ignored with a warning.
+
+  Example:
+    strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Adaptive())
+  """
+
+  def __init__(self, period_rule=None, initial_period=16, min_period=1,
+               max_period=256, grouping="host", max_group_size=None,
+               global_every=4, adaptive_global=True, max_global_every=64,
+               divergence_low=0.005, divergence_high=0.05, weighting="work",
+               straggler_ratio=0.25, max_staleness=3):
+    self.period_rule = AdaComm() if period_rule is None else period_rule
+    if not hasattr(self.period_rule, "update"):
+      raise TypeError("Adaptive: `period_rule` must be AdaComm(), "
+                      "QuadraticSync(), DivergenceBand() or Constant(), got "
+                      f"{period_rule!r}.")
+    self.initial_period = _positive_int("initial_period", initial_period,
+                                        "Adaptive")
+    self.min_period = _positive_int("min_period", min_period, "Adaptive")
+    self.max_period = _positive_int("max_period", max_period, "Adaptive")
+    if not self.min_period <= self.initial_period <= self.max_period:
+      raise ValueError("Adaptive: need min_period <= initial_period <= "
+                       f"max_period, got {min_period}, {initial_period}, "
+                       f"{max_period}.")
+    if grouping not in GROUPINGS:
+      raise ValueError(f"Adaptive: `grouping` must be one of {GROUPINGS}, "
+                       f"got {grouping!r}.")
+    if max_group_size is not None and (
+        _positive_int("max_group_size", max_group_size, "Adaptive") < 2):
+      raise ValueError("Adaptive: `max_group_size` must be None or >= 2, got "
+                       f"{max_group_size!r}.")
+    if weighting not in WEIGHTINGS:
+      raise ValueError(f"Adaptive: `weighting` must be one of {WEIGHTINGS}, "
+                       f"got {weighting!r}.")
+    self.grouping, self.max_group_size = grouping, max_group_size
+    self.global_every = _positive_int("global_every", global_every, "Adaptive")
+    self.max_global_every = _positive_int("max_global_every",
+                                          max_global_every, "Adaptive")
+    self.adaptive_global = bool(adaptive_global)
+    self.divergence_low = _positive_float("divergence_low", divergence_low,
+                                          "Adaptive")
+    self.divergence_high = _positive_float("divergence_high", divergence_high,
+                                           "Adaptive")
+    self.weighting = weighting
+    self.straggler_ratio = _positive_float("straggler_ratio", straggler_ratio,
+                                           "Adaptive")
+    if isinstance(max_staleness, bool) or not isinstance(
+        max_staleness, int) or max_staleness < 0:
+      raise ValueError("Adaptive: `max_staleness` must be an int >= 0, got "
+                       f"{max_staleness!r}.")
+    self.max_staleness = max_staleness
+
+  def plan(self, table, round_, state=None):
+    return scheduler.plan(table, self, round_, state)
+
+  def config(self):
+    out = {k: v for k, v in vars(self).items() if k != "period_rule"}
+    out["period_rule"] = self.period_rule.config()
+    out["schedule"] = "Adaptive"
+    return out

@@ -16,6 +16,8 @@ where those meet TensorFlow's strategy contract:
   `strategy.run` all average at the same planned points.
 """
 
+import os
+
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -24,8 +26,11 @@ from tensorflow.python.distribute import values as values_lib
 
 from oscars_tf import averaging
 from oscars_tf import cluster as cluster_lib
+from oscars_tf import rate_table
+from oscars_tf import rounds as rounds_lib
 from oscars_tf import runtime
 from oscars_tf import schedules as schedules_lib
+from oscars_tf import simulate as simulate_lib
 from oscars_tf.errors import (PeerTimeoutError, WorkerLostError,
                               WorkerMismatchError)
 
@@ -83,7 +88,8 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
   def __init__(self, container, info, devices, schedule, optimizer_state,
-               communication, collective_timeout, local_replicas="mirrored"):
+               communication, collective_timeout, local_replicas="mirrored",
+               simulate=None):
     self._cluster = info
     self._local_sgd = local_replicas == "local_sgd"
     self._schedule = schedule
@@ -103,21 +109,28 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
         group_key=averaging.group_key_for(range(info.num_workers)),
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
+    self._rounds = rounds_lib.Rounds(
+        info, schedule, self._host, averaging_device, self._communication,
+        collective_timeout, learning_rate_fn=self._learning_rate,
+        simulate=simulate)
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user
     self._last_variables = []
+    self._round_starts = {}       # FedNova: round-start copies per variable
     self._sync_functions = {}
     self._suppress_sharding = 0
-    with tf.device(self._host), tf.init_scope():
-      self._local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                     name="oscars_local_step")
-      self._next_sync = tf.Variable(schedule.next_sync_step(0), dtype=tf.int64,
-                                    trainable=False, name="oscars_next_sync")
-      self._last_sync_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name="oscars_last_sync_step")
-      self._syncs_done = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                     name="oscars_syncs_done")
+
+  @property
+  def _local_step(self):
+    return self._rounds.local_step
+
+  def _learning_rate(self):
+    optimizer = self._tracked[1] if self._tracked else None
+    try:
+      return float(optimizer.learning_rate)
+    except Exception:  # pylint: disable=broad-except
+      return float("nan")
 
   # -- what is averaged ---------------------------------------------------
 
@@ -166,43 +179,61 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     finally:
       updated = self._update_log.pop()
     if updated:
-      self._after_train_step(self._variables_to_average(updated))
+      self._after_train_step(self._variables_to_average(updated),
+                             self._loss_of(result))
     return result
 
-  def _after_train_step(self, variables):
+  def _loss_of(self, result):
+    """The step's loss if it returned one (Keras: logs["loss"]), else NaN."""
+    value = result.get("loss") if isinstance(result, dict) else result
+    try:
+      parts = [tf.convert_to_tensor(p) for p in self._local_results(value)]
+    except (TypeError, ValueError):
+      return tf.constant(np.nan, tf.float32)
+    if not parts or parts[0].shape.rank != 0 or not parts[0].dtype.is_floating:
+      return tf.constant(np.nan, tf.float32)
+    return tf.reduce_mean([tf.cast(p, tf.float32) for p in parts])
+
+  def _after_train_step(self, variables, loss):
     self._last_variables = variables
     self._start_once(variables)
-    step = self._local_step.assign_add(1)
+    step = self._rounds.step_ops()
     if not (self._cluster.is_multi_worker or self._local_sgd):
       return
+    tf.cond(step >= self._rounds.next_sync,
+            lambda: self._round_end(variables, step, loss), tf.no_op)
 
-    def sync():
-      with tf.control_dependencies([self._average(variables)]):
-        nxt = tf.py_function(self._next_sync_after, [step], tf.int64)
-        return tf.group(self._next_sync.assign(tf.reshape(nxt, [])),
-                        self._last_sync_step.assign(step),
-                        self._syncs_done.assign_add(1))
+  def _round_end(self, variables, step, loss):
+    starts = self._round_starts.get(self._key(variables))
+    return self._rounds.round_end_ops(
+        step, loss, read_values=lambda: self._read(variables),
+        write_values=lambda values: self._write(variables, values, starts),
+        start=(lambda: [tf.identity(s) for s in starts]) if starts else None)
 
-    tf.cond(step >= self._next_sync, sync, tf.no_op)
-
-  def _next_sync_after(self, step):
-    return np.int64(self._schedule.next_sync_step(int(step)))
+  @staticmethod
+  def _key(variables):
+    return tuple(id(_component_variables(v)[0]) for v in variables)
 
   # -- averaging ----------------------------------------------------------
 
-  def _average(self, variables, weight=None):
-    """Replaces every local copy of `variables` with the group's average."""
-    if weight is None:
-      weight = 1.0 / self._cluster.num_workers
-    if self._local_sgd:  # local copies differ: average them first
-      values = [tf.add_n([tf.identity(c) for c in _component_variables(v)]) /
-                len(_component_variables(v)) for v in variables]
-    else:  # copies are identical (mirrored): the first one speaks for all
-      values = [tf.identity(_component_variables(v)[0]) for v in variables]
-    averaged = (self._averager.weighted_sum(values, weight)
-                if self._cluster.is_multi_worker else values)
-    return tf.group([c.assign(a) for v, a in zip(variables, averaged)
-                     for c in _component_variables(v)])
+  def _read(self, variables):
+    """This worker's value of each variable (its replicas' mean)."""
+    if self._local_sgd:  # local copies differ: their mean speaks for them
+      return [tf.add_n([tf.identity(c) for c in _component_variables(v)]) /
+              len(_component_variables(v)) for v in variables]
+    return [tf.identity(_component_variables(v)[0]) for v in variables]
+
+  def _write(self, variables, values, starts=None):
+    """Assigns `values` to every local copy (and the FedNova start)."""
+    ops = [c.assign(a) for v, a in zip(variables, values)
+           for c in _component_variables(v)]
+    ops += [s.assign(a) for s, a in zip(starts or [], values)]
+    return tf.group(ops)
+
+  def _broadcast_from_chief(self, variables):
+    weight = 1.0 if self._cluster.is_chief else 0.0
+    values = self._averager.weighted_sum(self._read(variables), weight)
+    self._write(variables, values)
 
   def _signature(self, variables):
     """Numbers every worker must agree on (exact in float32)."""
@@ -224,8 +255,9 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     chief's initial weights, and a worker with another model fails here with
     a clear error instead of corrupting the others.
     """
-    key = tuple(id(_component_variables(v)[0]) for v in variables)
+    key = self._key(variables)
     if key in self._started_sets or not self._cluster.is_multi_worker:
+      self._rounds.mark_round_start()
       return
     self._started_sets.add(key)
     with tf.init_scope():
@@ -242,9 +274,14 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
             f"{mine[1]} elements, schedule {self._schedule!r}, "
             f"optimizer_state={self._optimizer_state!r}. Every worker must "
             "build the same model and the same OscarsStrategy arguments.")
-      weight = 1.0 if self._cluster.is_chief else 0.0
       self._collective_or_timeout(
-          lambda: self._average(variables, weight), "the initial broadcast")
+          lambda: self._broadcast_from_chief(variables),
+          "the initial broadcast")
+      if getattr(self._schedule, "weighting", None) == "normalized":
+        with tf.device(self._host):
+          self._round_starts[key] = [
+              tf.Variable(v, trainable=False) for v in self._read(variables)]
+      self._rounds.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
     try:
@@ -267,26 +304,29 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     """True when a step ran since the last averaging point (eager)."""
     return ((self._cluster.is_multi_worker or self._local_sgd) and
             bool(self._last_variables) and
-            int(self._local_step.numpy()) != int(self._last_sync_step.numpy()))
+            int(self._rounds.local_step.numpy()) !=
+            int(self._rounds.last_sync_step.numpy()))
 
   def sync_now(self):
-    """Averages the model now (eager). Every worker must call it together."""
+    """Ends the round now (eager). Every worker must call it together."""
     if not self.needs_sync():
       return False
     self.average_now()
     return True
 
   def average_now(self):
-    """Averages the last trained variables unconditionally (eager)."""
+    """Ends the round now, whatever the plan said (eager)."""
     variables = self._last_variables
-    key = tuple(id(v) for v in variables)
+    key = self._key(variables)
     if key not in self._sync_functions:
-      def fn():
-        with tf.control_dependencies([self._average(variables)]):
-          self._last_sync_step.assign(self._local_step)
-          self._syncs_done.assign_add(1)
-      self._sync_functions[key] = tf.function(fn, autograph=False)
+      def end_round():
+        self._round_end(variables, self._rounds.local_step.read_value(),
+                        tf.constant(np.nan, tf.float32))
+      self._sync_functions[key] = tf.function(end_round, autograph=False)
     self._collective_or_timeout(self._sync_functions[key], "an averaging point")
+
+  def mark_round_start(self):
+    self._rounds.mark_round_start()
 
   def average_numbers(self, numbers):
     """Mean of a list of floats over all workers (eager, a planned point)."""
@@ -300,9 +340,11 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     return [float(x) for x in out.numpy()]
 
   def stats(self):
-    return {"local_step": int(self._local_step.numpy()),
-            "syncs": int(self._syncs_done.numpy()),
-            "next_sync_step": int(self._next_sync.numpy())}
+    r = self._rounds
+    return {"local_step": int(r.local_step.numpy()),
+            "syncs": int(r.syncs.numpy()),
+            "next_sync_step": int(r.next_sync.numpy()),
+            "round": r.round, **r.totals}
 
   # -- local SGD among local replicas --------------------------------------
 
@@ -382,7 +424,9 @@ class OscarsStrategy(tf.distribute.Strategy):
   worker, its local devices train in lockstep as in `MirroredStrategy`.
 
   Args:
-    schedule: when to average; default `schedules.Fixed(every=8)`.
+    schedule: when and with whom to average; default `schedules.Adaptive()`
+      (Oscars: per-worker local steps from the step-rate table, adaptive
+      period). `schedules.Fixed(every=H)` is plain periodic local SGD;
       `Fixed(every=1)` is synchronous model averaging.
     devices: this worker's replica devices, e.g. `["GPU:0", "GPU:1"]`;
       default all local GPUs, else the CPU.
@@ -399,6 +443,10 @@ class OscarsStrategy(tf.distribute.Strategy):
     communication: "auto" (default), "ring" (gRPC) or "nccl".
     collective_timeout: seconds to wait for the other workers at an
       averaging point before failing with `PeerTimeoutError` (default 300).
+    simulate_step_time: SIMULATED heterogeneity for tests and benchmarks, a
+      spec such as "20ms*1,1,2,4" (see `oscars_tf.simulate`); default the
+      `OSCARS_SIMULATE_STEP_TIME` environment variable (oscars-launch
+      --simulate_step_time sets it), else none.
 
   Batch size: the batch size given to `fit` or to a dataset is the
   per-worker batch size; it is split across the worker's local devices.
@@ -415,11 +463,13 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   def __init__(self, schedule=None, devices=None, cluster_resolver=None,
                optimizer_state="local", communication="auto",
-               collective_timeout=300.0, local_replicas="mirrored"):
-    schedule = schedules_lib.Fixed(8) if schedule is None else schedule
+               collective_timeout=300.0, local_replicas="mirrored",
+               simulate_step_time=None):
+    schedule = schedules_lib.Adaptive() if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
-                      f"such as Fixed(every=8), got {schedule!r}.")
+                      f"such as Adaptive() or Fixed(every=8), got "
+                      f"{schedule!r}.")
     if optimizer_state not in OPTIMIZER_STATES:
       raise ValueError(f"`optimizer_state` must be one of {OPTIMIZER_STATES}, "
                        f"got {optimizer_state!r}.")
@@ -434,12 +484,19 @@ class OscarsStrategy(tf.distribute.Strategy):
         not collective_timeout > 0):
       raise ValueError("`collective_timeout` must be a number of seconds > 0, "
                        f"got {collective_timeout!r}.")
+    if simulate_step_time is None:
+      simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
+    profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
     runtime.start(info)
-    super().__init__(OscarsExtended(self, info, devices, schedule,
-                                    optimizer_state, communication,
-                                    collective_timeout, local_replicas))
+    super().__init__(OscarsExtended(
+        self, info, devices, schedule, optimizer_state, communication,
+        collective_timeout, local_replicas,
+        simulate=profile if profile.active else None))
+    if profile.active:
+      for line in profile.describe(info.num_workers):
+        logging.warning("oscars_tf: %s", line)
     from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
     keras_integration.install()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
@@ -485,5 +542,25 @@ class OscarsStrategy(tf.distribute.Strategy):
     return self.extended.sync_now()
 
   def stats(self):
-    """Counters of this worker: local steps, averaging collectives run."""
+    """Counters of this worker: local steps, averagings (syncs), round,
+    seconds spent computing / waiting / communicating, bytes sent."""
     return self.extended.stats()
+
+  @property
+  def plan(self):
+    """The `scheduler.Plan` of the round in progress (same on all workers)."""
+    return self.extended._rounds.plan  # pylint: disable=protected-access
+
+  @property
+  def round_history(self):
+    """One dict per finished round of this worker (plan digest, steps,
+    compute/wait/communication seconds, rate, divergence, table rates)."""
+    return list(self.extended._rounds.history)  # pylint: disable=protected-access
+
+  def step_rate_table(self):
+    """Every worker's latest published row (rate, round, loss, ...), read
+    from the coordination service; None for a worker that has not yet
+    finished a round. One-worker clusters have no table."""
+    if not self.cluster.is_multi_worker:
+      return []
+    return rate_table.read_all(self.num_workers)

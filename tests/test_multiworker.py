@@ -34,17 +34,29 @@ def test_fit_two_workers_converges_to_identical_weights(fit_two_workers):
   assert first["predict_sum"] == pytest.approx(second["predict_sum"], abs=1e-4)
 
 
+def _expected_sync_steps(total, steps_per_epoch, every):
+  """Steps that end a round: `every` after the last one, and epoch ends."""
+  syncs, last = [], 0
+  for step in range(1, total + 1):
+    if step - last == every or step % steps_per_epoch == 0:
+      syncs.append(step)
+      last = step
+  return syncs
+
+
 def test_weights_differ_between_syncs_and_agree_right_after(fit_two_workers):
   first, second = fit_two_workers.outputs
-  steps_per_epoch = first["steps_per_epoch"]
+  spe = first["steps_per_epoch"]
+  expected = _expected_sync_steps(first["stats"]["local_step"], spe, 4)
+  in_step = [s for s in expected if s % spe]  # epoch ends come after batch end
   after_sync = differ = 0
   for a, b in zip(first["records"], second["records"]):
     assert a["step"] == b["step"] and a["syncs"] == b["syncs"]
     d = _max_diff(a["proj"], b["proj"])
-    if a["step"] % 4 == 0:
+    if a["step"] in in_step:
       assert d <= 1e-4, (a["step"], d)  # 8 dot products of equal weights
       after_sync += 1
-    elif a["step"] % steps_per_epoch:  # not an epoch end either
+    else:
       assert d > 1e-3, (a["step"], d)
       differ += 1
   assert after_sync >= 5 and differ >= 10
@@ -52,11 +64,10 @@ def test_weights_differ_between_syncs_and_agree_right_after(fit_two_workers):
 
 def test_collectives_equal_sync_points(fit_two_workers):
   for out in fit_two_workers.outputs:
-    total = out["stats"]["local_step"]
-    spe = out["steps_per_epoch"]
-    in_step = total // 4
-    epoch_ends = sum(1 for e in range(1, total // spe + 1) if (e * spe) % 4)
-    assert out["stats"]["syncs"] == in_step + epoch_ends
+    expected = _expected_sync_steps(out["stats"]["local_step"],
+                                    out["steps_per_epoch"], 4)
+    assert out["stats"]["syncs"] == len(expected)
+    assert out["stats"]["collectives"] == len(expected)
 
 
 def test_checkpoint_holds_the_averaged_model_and_logs_are_per_worker(

@@ -5,30 +5,26 @@ import warnings
 
 import pytest
 
+from oscars_tf import scheduler
 from oscars_tf import schedules
 
 
-def test_fixed_period():
-  s = schedules.Fixed(every=4)
-  assert [s.next_sync_step(k) for k in (0, 4, 8)] == [4, 8, 12]
+def _table(rates, hosts=None):
+  entries = tuple(scheduler.TableEntry(rate=r, round=0) for r in rates)
+  return scheduler.StepRateTable(entries, tuple(hosts or ["h"] * len(rates)))
 
 
-def test_fixed_every_one_is_every_step():
-  s = schedules.Fixed(every=1)
-  steps, k = [], 0
-  for _ in range(5):
-    k = s.next_sync_step(k)
-    steps.append(k)
-  assert steps == [1, 2, 3, 4, 5]
+def test_fixed_period_for_everyone_and_one_group():
+  p = schedules.Fixed(every=4).plan(_table([10.0, 5.0, 2.5]), 1)
+  assert p.local_steps == (4, 4, 4)
+  assert p.groups == ((0, 1, 2),) and p.global_sync
+  assert p.weights == pytest.approx((1 / 3,) * 3)
 
 
-def test_warmup_averages_every_step_then_period():
+def test_fixed_warmup_averages_every_step_then_period():
   s = schedules.Fixed(every=5, warmup_steps=3)
-  steps, k = [], 0
-  for _ in range(6):
-    k = s.next_sync_step(k)
-    steps.append(k)
-  assert steps == [1, 2, 3, 8, 13, 18]
+  steps = [s.plan(_table([1.0, 1.0]), r).local_steps[0] for r in range(5)]
+  assert steps == [1, 1, 1, 5, 5]
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "4", True, None])
@@ -61,3 +57,56 @@ def test_policy_layer_imports_no_tensorflow():
   code = ("import sys, oscars_tf.schedules, oscars_tf.launch, oscars_tf.data;"
           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _loss_table(loss, lr=0.1, divergence=float("nan")):
+  e = scheduler.TableEntry(rate=1.0, round=0, loss=loss, learning_rate=lr,
+                           divergence=divergence)
+  return scheduler.StepRateTable((e, e), ("h", "h"))
+
+
+def test_adacomm_shrinks_the_period_with_the_loss():
+  config = schedules.Adaptive(initial_period=16)
+  rule = schedules.AdaComm()
+  state = scheduler.PlannerState(period=16, global_every=4)
+  state = rule.update(state, _loss_table(4.0), config)   # seeds loss_0
+  assert state.period == 16 and state.initial_loss == 4.0
+  state = rule.update(state, _loss_table(1.0), config)   # sqrt(1/4) * 16
+  assert state.period == 8
+  assert rule.update(state, _loss_table(float("nan")), config) == state
+
+
+def test_quadratic_rule_follows_the_learning_rate():
+  rule = schedules.QuadraticSync(beta=0.2, base_period=2)
+  state = scheduler.PlannerState(period=16, global_every=4)
+  assert rule.update(state, _loss_table(1.0, lr=0.1), None).period == 4
+  assert rule.update(state, _loss_table(1.0, lr=0.02), None).period == 100
+  assert rule.update(state, _loss_table(1.0, lr=1.0), None).period == 2
+
+
+def test_divergence_band_keeps_divergence_inside():
+  rule = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
+  state = scheduler.PlannerState(period=16, global_every=4)
+  assert rule.update(state, _loss_table(1, divergence=0.5), None).period == 8
+  assert rule.update(state, _loss_table(1, divergence=0.001), None).period == 32
+  assert rule.update(state, _loss_table(1, divergence=0.05), None).period == 16
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"grouping": "rack"}, "grouping"),
+    ({"weighting": "loss"}, "weighting"),
+    ({"max_group_size": 1}, "max_group_size"),
+    ({"initial_period": 0}, "initial_period"),
+    ({"min_period": 8, "initial_period": 4}, "min_period <="),
+    ({"straggler_ratio": -1}, "straggler_ratio"),
+    ({"max_staleness": -1}, "max_staleness"),
+    ({"period_rule": "adacomm"}, "period_rule"),
+])
+def test_adaptive_rejects_bad_arguments(kwargs, match):
+  with pytest.raises((ValueError, TypeError), match=match):
+    schedules.Adaptive(**kwargs)
+
+
+def test_divergence_band_rejects_inverted_band():
+  with pytest.raises(ValueError, match="low < high"):
+    schedules.DivergenceBand(low=0.5, high=0.1)

@@ -23,7 +23,9 @@ def _setup(params):
   import oscars_tf  # pylint: disable=g-import-not-at-top
   devices = [f"CPU:{i}" for i in range(n)] if n > 1 else None
   strategy = oscars_tf.OscarsStrategy(
-      schedule=oscars_tf.schedules.Fixed(params.get("every", 4)),
+      schedule=(oscars_tf.schedules.Adaptive(**params["adaptive"])
+                if "adaptive" in params else
+                oscars_tf.schedules.Fixed(params.get("every", 4))),
       devices=devices, collective_timeout=params.get("timeout", 60),
       optimizer_state=params.get("optimizer_state", "local"))
   import keras  # pylint: disable=g-import-not-at-top

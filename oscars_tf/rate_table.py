@@ -1,0 +1,67 @@
+"""The global step-rate table: measure, publish, read.
+
+Each worker measures its compute step rate as an exponential moving average
+of steps / compute time, where compute time excludes the time it waits for
+and communicates with the others. Rows travel with the averaging collective
+(so all members plan from the same snapshot) and are also published to
+TensorFlow's coordination-service key-value store, so any worker can read the
+whole table at any time (`OscarsStrategy.step_rate_table()`).
+"""
+
+import json
+import math
+
+from oscars_tf import scheduler
+
+KEY_PREFIX = "oscars_tf/table/"
+
+
+class RateMeter:
+  """EMA of compute steps per second; the first sample seeds it."""
+
+  def __init__(self, alpha=0.5):
+    if not 0 < alpha <= 1:
+      raise ValueError(f"RateMeter: alpha must be in (0, 1], got {alpha!r}.")
+    self.alpha = alpha
+    self.rate = math.nan
+
+  def add(self, steps, seconds):
+    if steps <= 0 or not seconds > 0 or not math.isfinite(seconds):
+      return self.rate
+    sample = steps / seconds
+    self.rate = (sample if not math.isfinite(self.rate) else
+                 self.alpha * sample + (1 - self.alpha) * self.rate)
+    return self.rate
+
+  def reset(self):
+    self.rate = math.nan
+
+
+def publish(worker, entry: scheduler.TableEntry, plan_digest: str):
+  """Best-effort write of this worker's row to the coordination service."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  key = f"{KEY_PREFIX}{worker}"
+  value = json.dumps({"rate": entry.rate, "round": entry.round,
+                      "loss": entry.loss, "divergence": entry.divergence,
+                      "learning_rate": entry.learning_rate,
+                      "plan": plan_digest})
+  ctx = context.context()
+  try:
+    ctx.delete_config_key_value(key)
+  except Exception:  # pylint: disable=broad-except
+    pass  # not there yet
+  ctx.set_config_key_value(key, value)
+
+
+def read_all(num_workers, timeout_ms=2000):
+  """Every worker's latest published row (None where none is published)."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  rows = []
+  for w in range(num_workers):
+    try:
+      text = context.context().get_config_key_value(f"{KEY_PREFIX}{w}",
+                                                    timeout_ms)
+      rows.append(json.loads(text))
+    except Exception:  # pylint: disable=broad-except
+      rows.append(None)
+  return rows

@@ -1,0 +1,222 @@
+"""Round bookkeeping of one worker: counters, timing, table, plan.
+
+A round ends at an averaging point. There, in this order:
+  1. the worker measures its compute rate for the round (waits excluded);
+  2. one tiny collective over all workers sums everyone's table row, so every
+     worker holds the same table snapshot (it travels with the averaging);
+  3. the model is averaged inside this round's group (group key, size and
+     weight come from the plan, as tensors, so one op serves every group);
+  4. every worker plans the next round from the same snapshot — the same
+     plan everywhere, with no leader — and logs its digest.
+Steps 1 and 4 are Python (`tf.py_function`), only at averaging points.
+"""
+
+import math
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from oscars_tf import averaging
+from oscars_tf import rate_table
+from oscars_tf import scheduler
+
+ROW = len(scheduler.FIELDS)
+
+
+class Rounds:
+  """Plans and runs the averaging points of one worker."""
+
+  def __init__(self, info, schedule, host_device, averaging_device,
+               communication, timeout, learning_rate_fn=None,
+               simulate=None, publish=True):
+    self.info = info
+    self.me = info.worker_index
+    self.n = info.num_workers
+    self.hosts = tuple(a.rpartition(":")[0] for _, _, a in info.workers)
+    self.schedule = schedule
+    self.communication = communication
+    self.learning_rate_fn = learning_rate_fn or (lambda: math.nan)
+    self.simulate = simulate
+    self.publish = publish and info.is_multi_worker
+    self.meter = rate_table.RateMeter()
+    self.round = 0
+    empty = scheduler.StepRateTable(
+        tuple(scheduler.TableEntry() for _ in range(self.n)), self.hosts)
+    self.plan = schedule.plan(empty, 0)
+    self.history = []  # one dict per finished round
+    self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
+                   "bytes_sent": 0, "collectives": 0}
+    self._t_round_start = None
+    self._t_first_step = None
+    self._t_arrive = self._t_table = 0.0
+    self._last_sync_step = 0
+    self._last_divergence = math.nan
+    self._host_device = host_device
+    self._global_key = averaging.group_key_for(range(self.n))
+    self._table_averager = averaging.GroupAverager(
+        self.n, self._global_key, host_device, "RING", timeout)
+    self._group_averager = averaging.GroupAverager(
+        self.n, self._global_key, averaging_device, communication, timeout)
+    with tf.device(host_device), tf.init_scope():
+      k, key, size, weight, scale = self._my_part(self.plan, 0)
+      self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name="oscars_local_step")
+      self.next_sync = tf.Variable(k, dtype=tf.int64, trainable=False,
+                                   name="oscars_next_sync")
+      self.last_sync_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="oscars_last_sync_step")
+      self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False,
+                               name="oscars_syncs")
+      self.group_key = tf.Variable(key, dtype=tf.int32, trainable=False)
+      self.group_size = tf.Variable(size, dtype=tf.int32, trainable=False)
+      self.weight = tf.Variable(weight, dtype=tf.float32, trainable=False)
+      self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
+
+  # -- Python side (py_function bodies and eager helpers) -----------------
+
+  def _my_part(self, plan, step):
+    group = plan.group_of(self.me)
+    return (step + plan.local_steps[self.me], averaging.group_key_for(group),
+            len(group), plan.weights[self.me], plan.update_scales[self.me])
+
+  def mark_round_start(self):
+    """Time from here on counts as compute (called at starts and resumes)."""
+    self._t_round_start = time.monotonic()
+
+  def _on_step(self, step):
+    """Per step, only when simulating heterogeneity: the planned sleep."""
+    now = time.monotonic()
+    if self._t_first_step is None:
+      self._t_first_step = now
+    if self.simulate is not None:
+      delay = self.simulate.seconds(self.me, int(step),
+                                    now - self._t_first_step)
+      if delay > 0:
+        time.sleep(delay)
+    return np.int64(0)
+
+  def _on_arrive(self, step, loss):
+    now = time.monotonic()
+    steps = int(step) - self._last_sync_step
+    compute = now - (self._t_round_start or now)
+    # Round 0 holds tracing and start-up: it would understate every rate.
+    if self.round > 0:
+      self.meter.add(steps, compute)
+    self.totals["compute_s"] += compute
+    self._t_arrive = now
+    self._arrival_steps = steps
+    self._arrival_compute = compute
+    row = np.full([self.n * ROW], 0.0)
+    row[self.me * ROW:(self.me + 1) * ROW] = [
+        self.meter.rate, self.round, float(loss), self._last_divergence,
+        float(self.learning_rate_fn())]
+    return row
+
+  def _on_table(self):
+    self._t_table = time.monotonic()
+    return np.int64(0)
+
+  def _on_averaged(self, table_vec, divergence, step, bytes_sent):
+    now = time.monotonic()
+    wait, comm = self._t_table - self._t_arrive, now - self._t_table
+    self.totals["wait_s"] += wait
+    self.totals["comm_s"] += comm
+    self.totals["bytes_sent"] += int(bytes_sent)
+    self.totals["collectives"] += 1
+    self._last_divergence = float(divergence)
+    table = scheduler.StepRateTable.from_rows(
+        np.asarray(table_vec).reshape(self.n, ROW), self.hosts)
+    self.history.append({
+        "round": self.round, "plan": self.plan.digest(),
+        "local_steps": self._arrival_steps,
+        "planned_steps": self.plan.local_steps[self.me],
+        "group": list(self.plan.group_of(self.me)),
+        "global_sync": self.plan.global_sync,
+        "compute_s": self._arrival_compute, "wait_s": wait, "comm_s": comm,
+        "rate": self.meter.rate, "divergence": float(divergence),
+        "table_rates": [e.rate for e in table.entries],
+        "time_budget": self.plan.time_budget, "end_step": int(step),
+        "stragglers": list(self.plan.stragglers)})
+    self.round += 1
+    self.plan = self.schedule.plan(table, self.round, self.plan.state)
+    logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
+                 self.me, self.round, self.plan.digest(),
+                 list(self.plan.local_steps), list(self.plan.groups))
+    if self.publish:
+      try:
+        rate_table.publish(self.me, table.entries[self.me],
+                           self.plan.digest())
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("oscars_tf: could not publish the rate row: %s", e)
+    self._last_sync_step = int(step)
+    self._t_round_start = time.monotonic()
+    k, key, size, weight, scale = self._my_part(self.plan, int(step))
+    return (np.int64(k), np.int32(key), np.int32(size), np.float32(weight),
+            np.float32(scale))
+
+  # -- graph side ----------------------------------------------------------
+
+  def step_ops(self):
+    """Ops of every training step: the simulated delay, then the count."""
+    if self.simulate is not None and self.simulate.active:
+      with tf.control_dependencies([tf.py_function(
+          self._on_step, [self.local_step], tf.int64)]):
+        return self.local_step.assign_add(1)
+    return self.local_step.assign_add(1)
+
+  def round_end_ops(self, step, loss, read_values, write_values, start=None):
+    """Ops of an averaging point (see module docstring).
+
+    Args:
+      step: this worker's local step count (tensor).
+      loss: a scalar loss to report, or NaN.
+      read_values: () -> list of tensors, this worker's current values.
+      write_values: (list of tensors) -> op assigning the averaged values.
+      start: for FedNova weighting, () -> list of round-start values.
+    """
+    row = tf.py_function(self._on_arrive, [step, tf.cast(loss, tf.float64)],
+                         tf.float64)
+    row.set_shape([self.n * ROW])
+    table = self._table_averager.weighted_sum([row], 1.0, role="table")[0]
+    with tf.control_dependencies([table]):
+      marked = tf.py_function(self._on_table, [], tf.int64)
+    with tf.control_dependencies([marked]):
+      values = read_values()
+      if start is not None:
+        begin = start()
+        values = [b + tf.cast(self.scale, v.dtype) * (v - b)
+                  for v, b in zip(values, begin)]
+      sent = sum(int(np.prod(v.shape)) * v.dtype.size for v in values)
+
+      def together():
+        return self._group_averager.weighted_sum(
+            values, self.weight, group_size=self.group_size,
+            group_key=self.group_key)
+
+      averaged = tf.cond(self.group_size > 1, together,
+                         lambda: [tf.identity(v) for v in values])
+      divergence = _relative_distance(values, averaged)
+    with tf.control_dependencies([write_values(averaged)]):
+      outs = tf.py_function(self._on_averaged,
+                            [table, divergence, step, sent],
+                            [tf.int64, tf.int32, tf.int32, tf.float32,
+                             tf.float32])
+    updates = [self.next_sync.assign(tf.reshape(outs[0], [])),
+               self.group_key.assign(tf.reshape(outs[1], [])),
+               self.group_size.assign(tf.reshape(outs[2], [])),
+               self.weight.assign(tf.reshape(outs[3], [])),
+               self.scale.assign(tf.reshape(outs[4], [])),
+               self.last_sync_step.assign(step),
+               self.syncs.assign_add(1)]
+    return tf.group(updates)
+
+
+def _relative_distance(values, averaged):
+  """|values - averaged| / |averaged| over all tensors (float32)."""
+  num = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v - a, tf.float32)))
+                  for v, a in zip(values, averaged)])
+  den = tf.add_n([tf.reduce_sum(tf.square(tf.cast(a, tf.float32)))
+                  for a in averaged])
+  return tf.sqrt(num) / (tf.sqrt(den) + 1e-12)

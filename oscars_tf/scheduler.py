@@ -1,0 +1,262 @@
+"""The planner: step-rate table in, plan for the next round out.
+
+Pure Python (no TensorFlow): every worker runs `plan()` on the same table
+snapshot (it travels with the averaging collective) and the same config, and
+so gets the same plan, byte for byte, with no leader. `Plan.digest()` is the
+short hash workers log every round to show it.
+
+Words (DESIGN.md): a *round* ends at an averaging point; worker i runs
+`local_steps[i] ≈ rate_i · T` steps in it, so fast and slow workers arrive
+together; the time budget `T` comes from a period rule; *groups* average
+together every round and all workers every `global_every` rounds.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from typing import Optional, Sequence, Tuple
+
+log = logging.getLogger("oscars_tf")
+
+FIELDS = ("rate", "round", "loss", "divergence", "learning_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableEntry:
+  """One worker's row: what it measured, and in which round."""
+  rate: float = math.nan           # compute steps/s (EMA), waits excluded
+  round: int = -1                  # round the row was measured in
+  loss: float = math.nan           # training loss at that round's end
+  divergence: float = math.nan     # distance from the group mean / its norm
+  learning_rate: float = math.nan  # the optimizer's learning rate then
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRateTable:
+  """The global view: a row per worker, and the host of each worker."""
+  entries: Tuple[TableEntry, ...]
+  hosts: Tuple[str, ...]
+
+  def __post_init__(self):
+    if len(self.entries) != len(self.hosts):
+      raise ValueError("StepRateTable: one host per entry is required.")
+
+  @classmethod
+  def from_rows(cls, rows, hosts):
+    """From a sequence of per-worker sequences in FIELDS order."""
+    entries = []
+    for row in rows:
+      rate, rnd, loss, div, lr = (float(x) for x in row)
+      entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
+                                loss, div, lr))
+    return cls(tuple(entries), tuple(hosts))
+
+  @property
+  def size(self):
+    return len(self.entries)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerState:
+  """What the planner carries from round to round (identical on all)."""
+  period: float              # local steps of the fastest worker per round
+  global_every: int          # rounds between global syncs
+  rounds_since_global: int = 0
+  initial_loss: float = math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The next round, for every worker."""
+  round: int
+  time_budget: float                 # T, seconds
+  local_steps: Tuple[int, ...]       # k_i >= 1
+  groups: Tuple[Tuple[int, ...], ...]
+  weights: Tuple[float, ...]         # within each group they sum to 1
+  update_scales: Tuple[float, ...]   # FedNova: tau_eff / k_i; else 1
+  global_sync: bool
+  stragglers: Tuple[int, ...]
+  rates: Tuple[float, ...]           # the rates planned with (imputed)
+  state: PlannerState
+
+  def group_of(self, worker: int) -> Tuple[int, ...]:
+    for g in self.groups:
+      if worker in g:
+        return g
+    raise KeyError(f"worker {worker} is in no group of plan {self.round}")
+
+  def to_json(self) -> str:
+    """Canonical JSON (floats to 12 significant digits) for the digest."""
+    body = _map_floats(dataclasses.asdict(self),
+                       lambda x: float(f"{x:.12g}") if isinstance(x, float)
+                       else x)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+  def digest(self) -> str:
+    """8 hex digits; equal plans have equal digests on every worker."""
+    return hashlib.sha256(self.to_json().encode()).hexdigest()[:8]
+
+
+def _map_floats(x, fn):
+  if isinstance(x, dict):
+    return {k: _map_floats(v, fn) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_map_floats(v, fn) for v in x]
+  if isinstance(x, float) and not math.isfinite(x):
+    return repr(x)
+  return fn(x)
+
+
+def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
+  """Rates to plan with: bad or stale entries replaced by the median.
+
+  A missing, non-finite, non-positive or stale (measured more than
+  `max_staleness` rounds ago) rate is ignored with a warning, and the worker
+  is planned at the median of the good rates (1.0 if there are none), so
+  one bad row never crashes or skews the plan.
+  """
+  good, bad = {}, []
+  for i, e in enumerate(table.entries):
+    ok = (isinstance(e.rate, float) and math.isfinite(e.rate) and e.rate > 0
+          and e.round >= 0 and round_ - e.round <= max_staleness)
+    if ok:
+      good[i] = e.rate
+    else:
+      bad.append(i)
+  fill = _median(list(good.values())) if good else 1.0
+  if bad and round_ > 0:
+    log.warning("oscars_tf: round %d: ignoring missing/stale/non-finite rates "
+                "of worker(s) %s; planning them at %.3g steps/s", round_, bad,
+                fill)
+  return tuple(good.get(i, fill) for i in range(table.size)), tuple(bad)
+
+
+def _median(xs):
+  xs = sorted(xs)
+  n = len(xs)
+  return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def make_groups(rates: Sequence[float], hosts: Sequence[str], grouping: str,
+                max_group_size: Optional[int]):
+  """Groups for a non-global round; every worker in exactly one group.
+
+  "host": workers of one host together (their averaging can use NCCL),
+  split by speed when a host has more than `max_group_size`.
+  "speed": workers of similar rate together, `max_group_size` at most.
+  "global": everyone together.
+  """
+  n = len(rates)
+  if grouping == "global":
+    return (tuple(range(n)),)
+  if grouping == "host":
+    by_host = {}
+    for i, h in enumerate(hosts):
+      by_host.setdefault(h, []).append(i)
+    buckets = [by_host[h] for h in sorted(by_host)]
+  else:
+    buckets = [list(range(n))]
+  groups = []
+  for bucket in buckets:
+    ordered = sorted(bucket, key=lambda i: (-rates[i], i))
+    size = max_group_size or len(ordered)
+    chunks = [ordered[j:j + size] for j in range(0, len(ordered), size)]
+    if len(chunks) > 1 and len(chunks[-1]) == 1:  # no one averages alone
+      chunks[-2].extend(chunks.pop())
+    groups.extend(tuple(sorted(c)) for c in chunks)
+  return tuple(sorted(groups))
+
+
+def plan(table: StepRateTable, config, round_: int,
+         state: Optional[PlannerState] = None) -> Plan:
+  """The plan for round `round_` (see module docstring).
+
+  Args:
+    table: the step-rate table snapshot every worker holds.
+    config: an `oscars_tf.schedules.Adaptive` (or any object with its
+      fields); only read.
+    round_: the round to plan, 0 for the first.
+    state: the previous plan's `state`, or None for the first round.
+  """
+  n = table.size
+  if n < 1:
+    raise ValueError("plan: the table has no workers.")
+  rates, _ = usable_rates(table, round_, config.max_staleness)
+  if state is None:
+    state = PlannerState(period=float(config.initial_period),
+                         global_every=config.global_every)
+  state = config.period_rule.update(state, table, config)
+  period = min(max(state.period, config.min_period), config.max_period)
+  fastest, slowest = max(rates), min(rates)
+  median = _median(list(rates))
+  time_budget = period / fastest
+  stragglers = tuple(i for i, r in enumerate(rates)
+                     if r < config.straggler_ratio * median)
+  # Every worker must fit one step in the budget, or the others would wait
+  # for it: T grows to the slowest step, so no one waits more than one of
+  # its own steps (k_i = floor(rate_i * T) arrives no later than T).
+  time_budget = max(time_budget, 1.0 / slowest)
+  local_steps = tuple(max(1, int(math.floor(r * time_budget * (1 + 1e-9))))
+                      for r in rates)
+
+  since = state.rounds_since_global + 1
+  global_sync = since >= state.global_every or config.grouping == "global"
+  groups = ((tuple(range(n)),) if global_sync else
+            make_groups(rates, table.hosts, config.grouping,
+                        config.max_group_size))
+  if len(groups) == 1:
+    global_sync = True
+  weights, scales = [0.0] * n, [1.0] * n
+  for g in groups:
+    work = sum(local_steps[i] for i in g)
+    for i in g:
+      if config.weighting == "work":
+        weights[i] = local_steps[i] / work
+      else:  # "equal" and "normalized" weigh members equally
+        weights[i] = 1.0 / len(g)
+    if config.weighting == "normalized":  # FedNova: tau_eff / k_i
+      tau = sum(weights[i] * local_steps[i] for i in g)
+      for i in g:
+        scales[i] = tau / local_steps[i]
+  global_every = state.global_every
+  if global_sync and config.adaptive_global:
+    global_every = _adapt_global_every(global_every, table, config)
+  new_state = dataclasses.replace(
+      state, period=period, global_every=global_every,
+      rounds_since_global=0 if global_sync else since)
+  return Plan(round=round_, time_budget=time_budget, local_steps=local_steps,
+              groups=groups, weights=tuple(weights),
+              update_scales=tuple(scales), global_sync=global_sync,
+              stragglers=stragglers, rates=rates, state=new_state)
+
+
+def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
+               round_: int, state: Optional[PlannerState] = None,
+               straggler_ratio: float = 0.25) -> Plan:
+  """Periodic averaging: `every` steps for everyone, all workers together."""
+  n = table.size
+  rates, _ = usable_rates(table, round_, max_staleness=3)
+  k = 1 if round_ < warmup_steps else every
+  median = _median(list(rates))
+  state = state or PlannerState(period=float(every), global_every=1)
+  return Plan(round=round_, time_budget=k / median, local_steps=(k,) * n,
+              groups=(tuple(range(n)),), weights=(1.0 / n,) * n,
+              update_scales=(1.0,) * n, global_sync=True,
+              stragglers=tuple(i for i, r in enumerate(rates)
+                               if r < straggler_ratio * median),
+              rates=rates, state=state)
+
+
+def _adapt_global_every(current, table, config):
+  """Fewer global syncs while groups stay close, more when they drift."""
+  divs = [e.divergence for e in table.entries if math.isfinite(e.divergence)]
+  if not divs:
+    return current
+  d = max(divs)
+  if d > config.divergence_high:
+    return max(1, current // 2)
+  if d < config.divergence_low:
+    return min(config.max_global_every, current * 2)
+  return current

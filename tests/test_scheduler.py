@@ -1,0 +1,168 @@
+"""Tests for oscars_tf.scheduler, the planner (pure Python, no TensorFlow).
+
+Property tests run over random tables with hypothesis.
+"""
+
+import math
+import time
+
+from hypothesis import given, settings, strategies as st
+import pytest
+
+from oscars_tf import scheduler
+from oscars_tf import schedules
+
+RATE = st.one_of(st.floats(0.05, 500.0), st.just(math.nan),
+                 st.just(math.inf), st.just(-1.0), st.just(0.0))
+
+
+@st.composite
+def tables(draw, max_workers=24):
+  n = draw(st.integers(1, max_workers))
+  rates = draw(st.lists(RATE, min_size=n, max_size=n))
+  rounds = draw(st.lists(st.integers(-1, 12), min_size=n, max_size=n))
+  hosts = draw(st.lists(st.sampled_from("abc"), min_size=n, max_size=n))
+  losses = draw(st.lists(st.floats(0.01, 10.0), min_size=n, max_size=n))
+  entries = tuple(scheduler.TableEntry(rate=r, round=k, loss=l)
+                  for r, k, l in zip(rates, rounds, losses))
+  return scheduler.StepRateTable(entries, tuple(hosts))
+
+
+CONFIGS = st.builds(
+    schedules.Adaptive,
+    grouping=st.sampled_from(schedules.GROUPINGS),
+    max_group_size=st.one_of(st.none(), st.integers(2, 6)),
+    weighting=st.sampled_from(schedules.WEIGHTINGS),
+    global_every=st.integers(1, 6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 12))
+def test_every_worker_in_exactly_one_group_with_valid_weights(table, config,
+                                                              round_):
+  p = config.plan(table, round_)
+  members = sorted(i for g in p.groups for i in g)
+  assert members == list(range(table.size))
+  for g in p.groups:
+    assert math.isclose(sum(p.weights[i] for i in g), 1.0, rel_tol=1e-9)
+    assert all(p.weights[i] > 0 for i in g)
+  assert all(k >= 1 for k in p.local_steps)
+  assert all(s > 0 and math.isfinite(s) for s in p.update_scales)
+  assert p.time_budget > 0 and math.isfinite(p.time_budget)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 12))
+def test_local_steps_ordered_like_the_rates(table, config, round_):
+  p = config.plan(table, round_)
+  for i in range(table.size):
+    for j in range(table.size):
+      if p.rates[i] > p.rates[j]:
+        assert p.local_steps[i] >= p.local_steps[j]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 12))
+def test_identical_inputs_give_identical_plans(table, config, round_):
+  a = config.plan(table, round_)
+  b = config.plan(scheduler.StepRateTable(tuple(table.entries),
+                                          tuple(table.hosts)), round_)
+  assert a == b and a.to_json() == b.to_json() and a.digest() == b.digest()
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.integers(0, 12))
+def test_bad_and_stale_rates_are_planned_at_the_median(table, round_):
+  config = schedules.Adaptive()
+  rates, bad = scheduler.usable_rates(table, round_, config.max_staleness)
+  assert all(math.isfinite(r) and r > 0 for r in rates)
+  good = [r for i, r in enumerate(rates) if i not in bad]
+  for i in bad:
+    if good:
+      assert min(good) <= rates[i] <= max(good)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.integers(1, 12))
+def test_no_worker_is_planned_past_the_budget(table, round_):
+  """Everyone arrives by T: the fastest never waits for a straggler."""
+  p = schedules.Adaptive().plan(table, round_)
+  for k, r in zip(p.local_steps, p.rates):
+    assert k / r <= p.time_budget * (1 + 1e-6)
+
+
+def test_steps_follow_the_rates():
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+      ("h",) * 4)
+  p = schedules.Adaptive(initial_period=16).plan(table, 4)
+  assert p.local_steps == (16, 16, 8, 4)
+  assert p.weights == pytest.approx((16 / 44, 16 / 44, 8 / 44, 4 / 44))
+  assert p.time_budget == pytest.approx(0.4)
+
+
+def test_straggler_gets_one_step_and_stretches_the_budget():
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=0) for r in (100.0, 100.0, 0.5)),
+      ("h",) * 3)
+  p = schedules.Adaptive(initial_period=16).plan(table, 1)
+  assert p.stragglers == (2,)
+  assert p.local_steps[2] == 1 and p.time_budget == pytest.approx(2.0)
+
+
+def test_fednova_scales_normalize_updates():
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=0) for r in (40.0, 10.0)), ("h",) * 2)
+  p = schedules.Adaptive(weighting="normalized", initial_period=8).plan(table,
+                                                                         1)
+  assert p.local_steps == (8, 2) and p.weights == (0.5, 0.5)
+  tau = 0.5 * 8 + 0.5 * 2
+  assert p.update_scales == pytest.approx((tau / 8, tau / 2))
+
+
+def test_host_groups_then_global_every_few_rounds():
+  hosts = ("a", "a", "b", "b")
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=10.0, round=0) for _ in hosts), hosts)
+  config = schedules.Adaptive(global_every=3, adaptive_global=False)
+  state, kinds = None, []
+  for r in range(1, 7):
+    p = config.plan(table, r, state)
+    state = p.state
+    kinds.append("G" if p.global_sync else "h")
+    if not p.global_sync:
+      assert p.groups == ((0, 1), (2, 3))
+  assert kinds == ["h", "h", "G", "h", "h", "G"]
+
+
+def test_speed_groups_have_similar_rates_and_bounded_size():
+  rates = (80.0, 10.0, 79.0, 11.0, 40.0, 41.0)
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=0) for r in rates), ("h",) * 6)
+  config = schedules.Adaptive(grouping="speed", max_group_size=2,
+                              global_every=100)
+  p = config.plan(table, 1)
+  assert p.groups == ((0, 2), (1, 3), (4, 5))
+
+
+def test_missing_rows_warn(caplog):
+  table = scheduler.StepRateTable(
+      (scheduler.TableEntry(rate=10.0, round=5),
+       scheduler.TableEntry(rate=math.nan, round=5),
+       scheduler.TableEntry(rate=10.0, round=0)), ("h",) * 3)
+  with caplog.at_level("WARNING", logger="oscars_tf"):
+    p = schedules.Adaptive().plan(table, 6)
+  assert "worker(s) [1, 2]" in caplog.text
+  assert p.rates == (10.0, 10.0, 10.0)
+
+
+def test_planner_time_for_ten_thousand_workers():
+  """Not a speed assertion: records the time for the closing note."""
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=1.0 + (i % 97), round=0) for i in range(10000)),
+      tuple(f"host{i // 8}" for i in range(10000)))
+  start = time.perf_counter()
+  p = schedules.Adaptive(max_group_size=8).plan(table, 1)
+  elapsed = time.perf_counter() - start
+  assert len(p.local_steps) == 10000
+  print(f"planner: 10,000 workers in {elapsed * 1000:.1f} ms")
