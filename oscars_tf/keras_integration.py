@@ -61,8 +61,10 @@ class AveragingCallback(keras.callbacks.Callback):
     self._in_fit = True
 
   def on_epoch_begin(self, epoch, logs=None):
-    # Validation and callbacks ran since the last round ended: not compute.
-    self._extended.mark_round_start()
+    # Plans the epoch's last round when epochs are cluster-wide, and starts
+    # the compute clock (validation and callbacks since the last round end
+    # are not compute).
+    self._extended.begin_epoch()
 
   def on_test_begin(self, logs=None):
     if self._in_fit:  # validation inside fit: evaluate the averaged model
@@ -115,6 +117,42 @@ def _shard_dataset(ds, num_workers, index, steps_per_epoch):
   return ds.shard(num_workers, index)
 
 
+def _planned_stream(extended, args):
+  """(stream, cluster steps per epoch) for epochs shared by the cluster.
+
+  Each worker draws batches from its own endless stream; an epoch ends when
+  the cluster as a whole has taken a data set's worth of steps (fast workers
+  more of them), at the round boundary the plan sets, where Keras' epoch
+  loop sees `epoch_over` (see PlannedEpochIterator). Returns None where the
+  epoch length cannot be known.
+  """
+  info = extended._cluster  # pylint: disable=protected-access
+  w, i = info.num_workers, info.worker_index
+  x, y, sw = args["x"], args["y"], args["sample_weight"]
+  spe = args["steps_per_epoch"]
+  if isinstance(x, tf.data.Dataset):
+    card = int(x.cardinality())
+    if spe is None and card < 0:
+      return None
+    target = spe * w if spe else card
+    stream = x.shard(w, i).repeat()
+  elif _is_array_like(x):
+    batch = args["batch_size"] or 32
+    data = tuple(a for a in (x, y, sw) if a is not None)
+    n = len(tf.nest.flatten(x)[0])
+    target = spe * w if spe else -(-n // batch)
+    stream = tf.data.Dataset.from_tensor_slices(data)
+    if args["shuffle"]:
+      stream = stream.shuffle(n, seed=1000 + i, reshuffle_each_iteration=True)
+    else:
+      stream = stream.shard(w, i)
+    stream = stream.repeat().batch(batch, drop_remainder=True)
+  else:
+    return None
+  stream._oscars_planned_epochs = True  # pylint: disable=protected-access
+  return stream, target
+
+
 def _prepare_fit(model, extended, args):
   """Rewrites `fit` arguments for this worker (see module docstring)."""
   info = extended._cluster  # pylint: disable=protected-access
@@ -133,7 +171,22 @@ def _prepare_fit(model, extended, args):
         array_slicing.train_validation_split(
             (x, y, sw), validation_split=args["validation_split"]))
     args["validation_split"] = 0.0
-  if isinstance(x, tf.data.Dataset):
+  extended._epoch_target = None  # pylint: disable=protected-access
+  planned = (extended.plans_epochs() and model.steps_per_execution == 1 and
+             _planned_stream(extended, args))
+  if planned:
+    stream, extended._epoch_target = planned  # pylint: disable=protected-access
+    args.update(x=stream, y=None, sample_weight=None, batch_size=None,
+                steps_per_epoch=None, shuffle=False)
+    x = y = sw = None
+  elif extended.plans_epochs():
+    warnings.warn("oscars_tf: epochs are per worker here (the epoch length is "
+                  "unknown, or steps_per_execution > 1), so fast workers wait "
+                  "for slow ones at each epoch end; pass steps_per_epoch and "
+                  "steps_per_execution=1 for cluster-wide epochs.")
+  if planned:
+    pass
+  elif isinstance(x, tf.data.Dataset):
     x = _shard_dataset(x, w, i, args["steps_per_epoch"])
   elif _is_array_like(x):
     x, y, sw = _shard_arrays((x, y, sw), w, i)
@@ -141,7 +194,8 @@ def _prepare_fit(model, extended, args):
     warnings.warn(f"oscars_tf: cannot shard a {type(x).__name__} across "
                   "workers; each worker reads all of it. Give each worker its "
                   "own stream (e.g. seed by strategy.worker_index).")
-  args.update(x=x, y=y, sample_weight=sw)
+  if not planned:
+    args.update(x=x, y=y, sample_weight=sw)
   if args["verbose"] in ("auto", 1) and not info.is_chief:
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(list(args["callbacks"] or []), info)
@@ -178,9 +232,54 @@ def _wrap_fit(original):
     call = _prepare_fit(self, extended, call)
     call["callbacks"] = [AveragingCallback(extended)] + list(
         call["callbacks"] or [])
-    with _no_sharding(extended), _peer_errors_explained(extended):
+    with _no_sharding(extended), _peer_errors_explained(extended), \
+        _planned_epoch_iterator():
       return original(self, **call)
   return fit
+
+
+@contextlib.contextmanager
+def _planned_epoch_iterator():
+  """Lets the plan decide when each epoch's data ends (see below)."""
+  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+  original = trainer.TFEpochIterator
+  trainer.TFEpochIterator = _planned_iterator_class(original)
+  try:
+    yield
+  finally:
+    trainer.TFEpochIterator = original
+
+
+@functools.lru_cache(maxsize=None)
+def _planned_iterator_class(base):
+
+  class PlannedEpochIterator(base):
+    """Keras' epoch iterator, for a stream whose epochs the plan ends.
+
+    One endless iterator serves the whole `fit` (no per-epoch iterator to
+    build); each epoch yields steps until the round that ends the epoch has
+    ended on this worker, which happens on every worker at the same round.
+    """
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      self._planned = getattr(kwargs.get("x"), "_oscars_planned_epochs",
+                              False)
+      self._stream = None
+
+    def _enumerate_iterator(self):
+      if not self._planned:
+        yield from super()._enumerate_iterator()
+        return
+      if self._stream is None:
+        self._stream = iter(self._get_iterator())
+      rounds = self._distribute_strategy.extended._rounds  # pylint: disable=protected-access
+      step = 0
+      while not rounds.epoch_over:
+        yield step, step, self._stream
+        step += 1
+
+  return PlannedEpochIterator
 
 
 _PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,

@@ -35,6 +35,11 @@ def define_flags():
                      lower_bound=0)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0)
+  flags.DEFINE_string("simulate_step_time", "",
+                      "SIMULATED heterogeneity: a per-worker delay added to "
+                      "each training step, e.g. '20ms*1,1,2,4' or "
+                      "'20ms;2:4x@60s' (see oscars_tf.simulate). Passed to "
+                      "the workers as OSCARS_SIMULATE_STEP_TIME.")
 
 
 def free_ports(n, host="127.0.0.1"):
@@ -143,7 +148,17 @@ def main(argv):
   if not command:
     raise app.UsageError("give the worker command after --, e.g. "
                          "oscars-launch --num_workers 2 -- python train.py")
-  job = Job(command, FLAGS.num_workers, FLAGS.host)
+  env = None
+  if FLAGS.simulate_step_time:
+    from oscars_tf import simulate  # pylint: disable=g-import-not-at-top
+    try:
+      profile = simulate.StepTimeProfile.parse(FLAGS.simulate_step_time)
+    except ValueError as e:
+      raise app.UsageError(f"--simulate_step_time: {e}")
+    for line in profile.describe(FLAGS.num_workers):
+      print(f"oscars-launch: {line}", file=sys.stderr)
+    env = dict(os.environ, OSCARS_SIMULATE_STEP_TIME=FLAGS.simulate_step_time)
+  job = Job(command, FLAGS.num_workers, FLAGS.host, env=env)
   try:
     codes, failed = job.wait(FLAGS.timeout, FLAGS.grace_seconds)
   except KeyboardInterrupt:

@@ -17,20 +17,32 @@ KEY_PREFIX = "oscars_tf/table/"
 
 
 class RateMeter:
-  """EMA of compute steps per second; the first sample seeds it."""
+  """EMA of compute steps per second, reset when the speed really changes.
 
-  def __init__(self, alpha=0.5):
+  The first sample seeds it. A sample more than `change` times above or
+  below the average replaces it outright: a worker that became 4x slower is
+  planned at its new speed from the next round on, not after several rounds
+  of averaging the old speed away.
+  """
+
+  def __init__(self, alpha=0.5, change=1.5):
     if not 0 < alpha <= 1:
       raise ValueError(f"RateMeter: alpha must be in (0, 1], got {alpha!r}.")
+    if not change > 1:
+      raise ValueError(f"RateMeter: change must be > 1, got {change!r}.")
     self.alpha = alpha
+    self.change = change
     self.rate = math.nan
 
   def add(self, steps, seconds):
     if steps <= 0 or not seconds > 0 or not math.isfinite(seconds):
       return self.rate
     sample = steps / seconds
-    self.rate = (sample if not math.isfinite(self.rate) else
-                 self.alpha * sample + (1 - self.alpha) * self.rate)
+    if (not math.isfinite(self.rate) or sample > self.rate * self.change or
+        sample < self.rate / self.change):
+      self.rate = sample
+    else:
+      self.rate = self.alpha * sample + (1 - self.alpha) * self.rate
     return self.rate
 
   def reset(self):

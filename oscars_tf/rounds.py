@@ -48,6 +48,10 @@ class Rounds:
     self.history = []  # one dict per finished round
     self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
                    "bytes_sent": 0, "collectives": 0}
+    self.epoch_target = None     # cluster-wide steps per epoch, if planned
+    self.epoch_done = 0
+    self.epoch_over = False      # read by Keras' epoch loop between steps
+    self._weighting = getattr(schedule, "weighting", "work")
     self._t_round_start = None
     self._t_first_step = None
     self._t_arrive = self._t_table = 0.0
@@ -111,7 +115,7 @@ class Rounds:
     row = np.full([self.n * ROW], 0.0)
     row[self.me * ROW:(self.me + 1) * ROW] = [
         self.meter.rate, self.round, float(loss), self._last_divergence,
-        float(self.learning_rate_fn())]
+        float(self.learning_rate_fn()), steps]
     return row
 
   def _on_table(self):
@@ -134,13 +138,26 @@ class Rounds:
         "planned_steps": self.plan.local_steps[self.me],
         "group": list(self.plan.group_of(self.me)),
         "global_sync": self.plan.global_sync,
+        "epoch_end": self.plan.epoch_end,
         "compute_s": self._arrival_compute, "wait_s": wait, "comm_s": comm,
+        "arrived_at": time.time() - (now - self._t_arrive),
         "rate": self.meter.rate, "divergence": float(divergence),
+        "loss": table.entries[self.me].loss,
+        "learning_rate": table.entries[self.me].learning_rate,
         "table_rates": [e.rate for e in table.entries],
         "time_budget": self.plan.time_budget, "end_step": int(step),
         "stragglers": list(self.plan.stragglers)})
     self.round += 1
+    ended = self.plan
     self.plan = self.schedule.plan(table, self.round, self.plan.state)
+    if self.epoch_target is not None:
+      self.epoch_done += sum(e.steps for e in table.entries)
+      remaining = self.epoch_target - self.epoch_done
+      if ended.epoch_end or remaining <= 0:
+        self.epoch_over = True  # every worker ends the epoch here
+      else:
+        self.plan = scheduler.fit_to_epoch(self.plan, remaining,
+                                           self._weighting)
     logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                  self.me, self.round, self.plan.digest(),
                  list(self.plan.local_steps), list(self.plan.groups))
@@ -155,6 +172,26 @@ class Rounds:
     k, key, size, weight, scale = self._my_part(self.plan, int(step))
     return (np.int64(k), np.int32(key), np.int32(size), np.float32(weight),
             np.float32(scale))
+
+  def begin_epoch(self, target_steps=None):
+    """Starts an epoch (eager); `target_steps` are cluster-wide steps.
+
+    With a target, the epoch's last round is planned so that the cluster's
+    steps add up to it, and `epoch_over` turns True at that round's end on
+    every worker.
+    """
+    self.epoch_done, self.epoch_over = 0, False
+    self.epoch_target = target_steps
+    if target_steps is not None:
+      self.plan = scheduler.fit_to_epoch(self.plan, target_steps,
+                                         self._weighting)
+      k, key, size, weight, scale = self._my_part(
+          self.plan, int(self.local_step.numpy()))
+      self.next_sync.assign(k)
+      self.group_key.assign(key)
+      self.group_size.assign(size)
+      self.weight.assign(weight)
+      self.scale.assign(scale)
 
   # -- graph side ----------------------------------------------------------
 

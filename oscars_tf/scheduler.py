@@ -20,7 +20,8 @@ from typing import Optional, Sequence, Tuple
 
 log = logging.getLogger("oscars_tf")
 
-FIELDS = ("rate", "round", "loss", "divergence", "learning_rate")
+PROBE_STEPS = 4  # steps per worker in rounds planned before any rate is known
+FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,7 @@ class TableEntry:
   loss: float = math.nan           # training loss at that round's end
   divergence: float = math.nan     # distance from the group mean / its norm
   learning_rate: float = math.nan  # the optimizer's learning rate then
+  steps: int = 0                   # local steps it ran in that round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +50,10 @@ class StepRateTable:
     """From a sequence of per-worker sequences in FIELDS order."""
     entries = []
     for row in rows:
-      rate, rnd, loss, div, lr = (float(x) for x in row)
+      rate, rnd, loss, div, lr, steps = (float(x) for x in row)
       entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
-                                loss, div, lr))
+                                loss, div, lr,
+                                int(steps) if math.isfinite(steps) else 0))
     return cls(tuple(entries), tuple(hosts))
 
   @property
@@ -80,6 +83,7 @@ class Plan:
   stragglers: Tuple[int, ...]
   rates: Tuple[float, ...]           # the rates planned with (imputed)
   state: PlannerState
+  epoch_end: bool = False            # the epoch ends with this round
 
   def group_of(self, worker: int) -> Tuple[int, ...]:
     for g in self.groups:
@@ -126,7 +130,8 @@ def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
     else:
       bad.append(i)
   fill = _median(list(good.values())) if good else 1.0
-  if bad and round_ > 0:
+  # Round 1 plans from round 0, whose rates are not measured (start-up).
+  if bad and round_ > 1:
     log.warning("oscars_tf: round %d: ignoring missing/stale/non-finite rates "
                 "of worker(s) %s; planning them at %.3g steps/s", round_, bad,
                 fill)
@@ -183,7 +188,7 @@ def plan(table: StepRateTable, config, round_: int,
   n = table.size
   if n < 1:
     raise ValueError("plan: the table has no workers.")
-  rates, _ = usable_rates(table, round_, config.max_staleness)
+  rates, bad = usable_rates(table, round_, config.max_staleness)
   if state is None:
     state = PlannerState(period=float(config.initial_period),
                          global_every=config.global_every)
@@ -200,6 +205,8 @@ def plan(table: StepRateTable, config, round_: int,
   time_budget = max(time_budget, 1.0 / slowest)
   local_steps = tuple(max(1, int(math.floor(r * time_budget * (1 + 1e-9))))
                       for r in rates)
+  if len(bad) == n:  # nothing measured yet: short, equal probe rounds
+    local_steps = (max(1, min(PROBE_STEPS, int(period))),) * n
 
   since = state.rounds_since_global + 1
   global_sync = since >= state.global_every or config.grouping == "global"
@@ -208,18 +215,7 @@ def plan(table: StepRateTable, config, round_: int,
                         config.max_group_size))
   if len(groups) == 1:
     global_sync = True
-  weights, scales = [0.0] * n, [1.0] * n
-  for g in groups:
-    work = sum(local_steps[i] for i in g)
-    for i in g:
-      if config.weighting == "work":
-        weights[i] = local_steps[i] / work
-      else:  # "equal" and "normalized" weigh members equally
-        weights[i] = 1.0 / len(g)
-    if config.weighting == "normalized":  # FedNova: tau_eff / k_i
-      tau = sum(weights[i] * local_steps[i] for i in g)
-      for i in g:
-        scales[i] = tau / local_steps[i]
+  weights, scales = weights_and_scales(groups, local_steps, config.weighting)
   global_every = state.global_every
   if global_sync and config.adaptive_global:
     global_every = _adapt_global_every(global_every, table, config)
@@ -227,8 +223,8 @@ def plan(table: StepRateTable, config, round_: int,
       state, period=period, global_every=global_every,
       rounds_since_global=0 if global_sync else since)
   return Plan(round=round_, time_budget=time_budget, local_steps=local_steps,
-              groups=groups, weights=tuple(weights),
-              update_scales=tuple(scales), global_sync=global_sync,
+              groups=groups, weights=weights,
+              update_scales=scales, global_sync=global_sync,
               stragglers=stragglers, rates=rates, state=new_state)
 
 
@@ -247,6 +243,45 @@ def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
               stragglers=tuple(i for i, r in enumerate(rates)
                                if r < straggler_ratio * median),
               rates=rates, state=state)
+
+
+def weights_and_scales(groups, local_steps, weighting):
+  """Averaging weights and FedNova update scales for each worker."""
+  n = len(local_steps)
+  weights, scales = [0.0] * n, [1.0] * n
+  for g in groups:
+    work = sum(local_steps[i] for i in g)
+    for i in g:
+      weights[i] = (local_steps[i] / work if weighting == "work"
+                    else 1.0 / len(g))  # "equal", "normalized"
+    if weighting == "normalized":  # FedNova: scale updates by tau_eff / k_i
+      tau = sum(weights[i] * local_steps[i] for i in g)
+      for i in g:
+        scales[i] = tau / local_steps[i]
+  return tuple(weights), tuple(scales)
+
+
+def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
+  """Shrinks `p` so the cluster's steps end the epoch with this round.
+
+  An epoch is a data set's worth of steps over the whole cluster (fast
+  workers take more of them). When this round's planned steps reach the
+  remaining ones, every worker's k_i is scaled down in proportion (at least
+  1), the round becomes global, and `epoch_end` is set: all workers end the
+  epoch at the same round boundary.
+  """
+  planned = sum(p.local_steps)
+  # Less than half a round would be left after this one: rather than end
+  # the epoch with a runt round, this round takes those steps too.
+  if remaining_steps >= 1.5 * planned + len(p.local_steps):
+    return p
+  factor = max(remaining_steps, 1) / planned
+  steps = tuple(max(1, int(round(k * factor))) for k in p.local_steps)
+  groups = (tuple(range(len(steps))),)
+  weights, scales = weights_and_scales(groups, steps, weighting)
+  return dataclasses.replace(
+      p, local_steps=steps, groups=groups, weights=weights,
+      update_scales=scales, global_sync=True, epoch_end=True)
 
 
 def _adapt_global_every(current, table, config):

@@ -128,7 +128,7 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
   def _learning_rate(self):
     optimizer = self._tracked[1] if self._tracked else None
     try:
-      return float(optimizer.learning_rate)
+      return float(np.asarray(optimizer.learning_rate))
     except Exception:  # pylint: disable=broad-except
       return float("nan")
 
@@ -179,8 +179,13 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     finally:
       updated = self._update_log.pop()
     if updated:
-      self._after_train_step(self._variables_to_average(updated),
-                             self._loss_of(result))
+      # Count the step only once its update has happened: a step whose input
+      # fetch fails (end of data) must not count, and in a graph, ops on
+      # unrelated resources are otherwise free to run first.
+      done = [tf.identity(_component_variables(v)[0]) for v in updated[:1]]
+      with tf.control_dependencies(done):
+        self._after_train_step(self._variables_to_average(updated),
+                               self._loss_of(result))
     return result
 
   def _loss_of(self, result):
@@ -326,6 +331,16 @@ class OscarsExtended(mirrored_strategy.MirroredExtended):
     self._collective_or_timeout(self._sync_functions[key], "an averaging point")
 
   def mark_round_start(self):
+    self._rounds.mark_round_start()
+
+  def plans_epochs(self):
+    """Whether `fit` epochs are cluster-wide (the Adaptive schedule)."""
+    return (self._cluster.is_multi_worker and
+            isinstance(self._schedule, schedules_lib.Adaptive))
+
+  def begin_epoch(self):
+    """Keras epoch start: plan the epoch's end if it is cluster-wide."""
+    self._rounds.begin_epoch(getattr(self, "_epoch_target", None))
     self._rounds.mark_round_start()
 
   def average_numbers(self, numbers):

@@ -93,3 +93,19 @@ def test_bad_worker_count_names_the_flag():
   proc = subprocess.run(LAUNCH + ["--num_workers", "0", "--", "true"],
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode != 0 and "num_workers" in proc.stderr
+
+
+def test_simulated_step_time_reaches_the_workers_and_is_labelled():
+  proc = _launch(["--num_workers", "2", "--simulate_step_time",
+                  "20ms*1,3"],
+                 "print('sim', os.environ['OSCARS_SIMULATE_STEP_TIME'])")
+  assert proc.returncode == 0, proc.stderr
+  assert "[1] sim 20ms*1,3" in proc.stdout
+  assert "SIMULATED heterogeneity" in proc.stderr
+  assert "worker 1 sleeps 60.0 ms per step" in proc.stderr
+
+
+def test_bad_simulated_step_time_is_a_usage_error():
+  proc = _launch(["--num_workers", "2", "--simulate_step_time", "fast"],
+                 "pass")
+  assert proc.returncode != 0 and "simulate_step_time" in proc.stderr

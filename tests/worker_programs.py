@@ -27,7 +27,8 @@ def _setup(params):
                 if "adaptive" in params else
                 oscars_tf.schedules.Fixed(params.get("every", 4))),
       devices=devices, collective_timeout=params.get("timeout", 60),
-      optimizer_state=params.get("optimizer_state", "local"))
+      optimizer_state=params.get("optimizer_state", "local"),
+      simulate_step_time=params.get("simulate", ""))
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.
@@ -83,12 +84,15 @@ def fit(params):
   with strategy.scope():
     model = _mlp(params, hidden)
   me = strategy.worker_index
-  records, step_times = [], []
+  records, step_times, gaps = [], [], []
   proj = _Projector(_flat(model).size)
 
   class Recorder(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
+      self._epoch = epoch
+      self._epoch_t = time.perf_counter()
+      self._first = True
       if params.get("fail_at_epoch") == [me, epoch]:
         raise RuntimeError(f"injected failure on worker {me}")
       if params.get("stop_all_at_epoch") == epoch:
@@ -96,12 +100,15 @@ def fit(params):
 
     def on_train_batch_begin(self, batch, logs=None):
       self._t = time.perf_counter()
+      if getattr(self, "_first", False):
+        gaps.append(self._t - self._epoch_t)
+        self._first = False
 
     def on_train_batch_end(self, batch, logs=None):
       step_times.append(time.perf_counter() - self._t)
       if params.get("record"):
         stats = strategy.stats()
-        records.append({"step": stats["local_step"],
+        records.append({"step": stats["local_step"], "epoch": self._epoch, "t": time.time(), "dt": step_times[-1],
                         "syncs": stats["syncs"], "proj": proj(self.model)})
       if me == params.get("slow_worker", -1):
         time.sleep(params["slow_ms"] / 1000.0)
@@ -120,6 +127,7 @@ def fit(params):
     callbacks.append(keras.callbacks.BackupAndRestore(
         os.path.join(params["shared_dir"], "backup")))
   history = None
+  started = time.perf_counter()
   fit_x, fit_y, fit_kwargs = x, y, {"batch_size": params.get("batch_size", 32)}
   if params.get("dataset_steps"):  # an endless tf.data stream
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -138,14 +146,17 @@ def fit(params):
   except Exception as e:  # pylint: disable=broad-except
     _write(params, strategy, {"error": type(e).__name__, "message": str(e)})
     raise
+  wall = time.perf_counter() - started
   loss, acc = model.evaluate(xt, yt, verbose=0)
   _write(params, strategy, {
-      "weights": _flat(model).tolist(), "test_accuracy": acc,
+      "weights": _flat(model).tolist(), "test_accuracy": acc, "wall_s": wall,
       "test_loss": loss, "epochs_run": len(history.history["loss"]),
       "history": {k: [float(v) for v in vs]
                   for k, vs in history.history.items()},
       "stats": strategy.stats(), "records": records,
-      "step_times": step_times, "steps_per_epoch": len(step_times) // max(
+      "rounds": strategy.round_history,
+      "table": strategy.step_rate_table(),
+      "step_times": step_times, "epoch_start_gaps": gaps, "steps_per_epoch": len(step_times) // max(
           1, len(history.history["loss"])),
       "predict_sum": float(np.sum(model.predict(xt[:50], verbose=0))),
       "optimizer_slots": [float(np.sum(np.abs(v.numpy())))

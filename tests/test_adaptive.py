@@ -1,0 +1,102 @@
+"""Adaptive (Oscars) schedule on 4 real workers with SIMULATED step times.
+
+Profile 1x, 1x, 2x, 4x (20 ms per step at 1x, added to real compute). The
+comparison runs, fixed-period local SGD and synchronous averaging, are in the
+same test run.
+"""
+
+import statistics
+
+import numpy as np
+import pytest
+
+import multiworker
+
+pytestmark = pytest.mark.timeout(600)
+
+PROFILE = "20ms*1,1,2,4"
+COMMON = {"simulate": PROFILE, "epochs": 6, "batch_size": 16, "timeout": 60,
+          "optimizer": "adam", "lr": 0.005}
+PROBE_ROUNDS = 2  # rounds planned before any rate is measured
+
+
+def _wait_fraction(rounds):
+  rounds = rounds[PROBE_ROUNDS:]
+  wait = sum(r["wait_s"] for r in rounds)
+  total = sum(r["wait_s"] + r["compute_s"] + r["comm_s"] for r in rounds)
+  return wait / total
+
+
+@pytest.fixture(scope="module")
+def runs():
+  return {
+      "oscars": multiworker.run("fit", 4, dict(COMMON, adaptive={})),
+      "local_sgd": multiworker.run("fit", 4, dict(COMMON, every=8)),
+      "sync": multiworker.run("fit", 4, dict(COMMON, every=1)),
+  }
+
+
+def test_all_workers_follow_the_same_plan_every_round(runs):
+  outs = runs["oscars"].outputs
+  assert len(outs[0]["rounds"]) >= 8
+  for k, r in enumerate(outs[0]["rounds"]):
+    assert all(o["rounds"][k]["plan"] == r["plan"] for o in outs), k
+
+
+def test_local_steps_follow_the_measured_rates(runs):
+  outs = runs["oscars"].outputs
+  rates, steps = [], []
+  for o in outs:
+    rounds = [r for r in o["rounds"][PROBE_ROUNDS:] if not r["epoch_end"]]
+    rates.append(sum(r["local_steps"] for r in rounds) /
+                 sum(r["compute_s"] for r in rounds))
+    steps.append(statistics.median(r["planned_steps"] for r in rounds))
+  for i in range(1, 4):
+    expected = rates[i] / rates[0]
+    assert steps[i] / steps[0] == pytest.approx(expected, rel=0.25), (
+        steps, rates)
+  assert steps[0] >= 3 * steps[3]  # the 4x worker takes far fewer steps
+
+
+def test_fast_workers_barely_wait(runs):
+  fractions = {name: [_wait_fraction(o["rounds"]) for o in r.outputs[:2]]
+               for name, r in runs.items()}
+  print("fast workers' waiting fraction:", fractions)
+  assert max(fractions["oscars"]) < 0.10, fractions
+  assert max(fractions["oscars"]) < min(fractions["local_sgd"])
+  assert max(fractions["oscars"]) < min(fractions["sync"])
+
+
+def test_epochs_end_together_and_sooner(runs):
+  for name, r in runs.items():
+    ends = [o["rounds"][-1]["end_step"] for o in r.outputs]
+    assert all(o["epochs_run"] == 6 for o in r.outputs), name
+  oscars = runs["oscars"].outputs
+  # Fast workers took more of the epoch's steps than the slowest one.
+  assert oscars[0]["stats"]["local_step"] > 2 * oscars[3]["stats"]["local_step"]
+  wall = {name: max(o["wall_s"] for o in r.outputs) for name, r in runs.items()}
+  print("wall time for 6 epochs (s):", wall)
+  assert wall["oscars"] < wall["sync"]
+
+
+def test_accuracy_matches_synchronous_training(runs):
+  acc = {name: r.outputs[0]["test_accuracy"] for name, r in runs.items()}
+  print("test accuracy:", acc)
+  assert acc["oscars"] >= acc["sync"] - 0.01, acc
+  weights = [np.asarray(o["weights"]) for o in runs["oscars"].outputs]
+  assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)
+
+
+def test_a_worker_that_slows_down_is_replanned_within_three_rounds():
+  # Worker 1 runs at 1x, then from its step 40 at 4x (SIMULATED).
+  result = multiworker.run("fit", 4, dict(COMMON, adaptive={},
+                                          simulate="20ms;1:4x@40"))
+  rounds0 = result.outputs[0]["rounds"]
+  rounds1 = result.outputs[1]["rounds"]
+  slowed = next(k for k, r in enumerate(rounds1) if r["end_step"] >= 40)
+  ratios = [rounds1[k]["planned_steps"] / rounds0[k]["planned_steps"]
+            for k in range(len(rounds1))]
+  assert ratios[slowed - 1] > 0.6, ratios  # equal speeds before
+  replanned = [k for k in range(slowed + 1, len(ratios))
+               if ratios[k] <= 0.45 and not rounds0[k]["epoch_end"]]
+  assert replanned and replanned[0] - slowed <= 3, (slowed, ratios)
