@@ -196,13 +196,14 @@ def plan(table: StepRateTable, config, round_: int,
   period = min(max(state.period, config.min_period), config.max_period)
   fastest, slowest = max(rates), min(rates)
   median = _median(list(rates))
-  time_budget = period / fastest
   stragglers = tuple(i for i, r in enumerate(rates)
                      if r < config.straggler_ratio * median)
-  # Every worker must fit one step in the budget, or the others would wait
-  # for it: T grows to the slowest step, so no one waits more than one of
-  # its own steps (k_i = floor(rate_i * T) arrives no later than T).
-  time_budget = max(time_budget, 1.0 / slowest)
+  # T is set by the slowest worker's whole number of steps (at least one),
+  # nearest to the period rule's budget: then its steps are not rounded away,
+  # and every worker, with k_i = floor(rate_i * T), arrives no later than T,
+  # so no one waits more than one of its own steps.
+  slowest_steps = max(1, int(round(slowest * period / fastest)))
+  time_budget = slowest_steps / slowest
   local_steps = tuple(max(1, int(math.floor(r * time_budget * (1 + 1e-9))))
                       for r in rates)
   if len(bad) == n:  # nothing measured yet: short, equal probe rounds

@@ -206,7 +206,9 @@ class Adaptive(Schedule):
     period_rule: AdaComm() (default), QuadraticSync(), DivergenceBand() or
       Constant(): how the period (steps of the fastest worker) changes.
     initial_period: 16, the period before the rule has data.
-    min_period / max_period: 1 / 256, bounds of the period.
+    min_period / max_period: 8 / 256, bounds of the period. The floor keeps
+      an averaging point's fixed cost (about 10 ms here) small against the
+      round, and leaves slow workers whole steps to take.
     grouping: "host" (default), "speed" or "global".
     max_group_size: None (no bound) or an int >= 2.
     global_every: 4, rounds between global syncs (when groups are smaller
@@ -223,7 +225,7 @@ class Adaptive(Schedule):
     strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Adaptive())
   """
 
-  def __init__(self, period_rule=None, initial_period=16, min_period=1,
+  def __init__(self, period_rule=None, initial_period=16, min_period=8,
                max_period=256, grouping="host", max_group_size=None,
                global_every=4, adaptive_global=True, max_global_every=64,
                divergence_low=0.005, divergence_high=0.05, weighting="work",
