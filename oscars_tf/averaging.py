@@ -139,6 +139,27 @@ class GroupAverager:
     return -reduced[n:], reduced[:n]
 
 
+class PerGroupAverager:
+  """Picks NCCL or ring for each group at run time ("auto" on GPUs).
+
+  A plan's groups change from round to round; a group whose members all sit
+  on one host averages over NCCL, one that spans hosts over gRPC ring. The
+  choice is a tensor (`use_nccl`), so both ops are built and one runs.
+  """
+
+  def __init__(self, group_size, group_key, device, timeout):
+    self.nccl = GroupAverager(group_size, group_key, device, "NCCL", timeout)
+    self.ring = GroupAverager(group_size, group_key, device, "RING", timeout)
+    self.timeout = timeout
+
+  def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl):
+    def run(averager):
+      return lambda: averager.weighted_sum(tensors, weight,
+                                           group_size=group_size,
+                                           group_key=group_key)
+    return tf.cond(use_nccl, run(self.nccl), run(self.ring))
+
+
 def packed_bytes(tensors):
   """Bytes one member sends into a ring all-reduce of these tensors (≈2x)."""
   return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)

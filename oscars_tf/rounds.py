@@ -30,7 +30,7 @@ class Rounds:
 
   def __init__(self, info, schedule, host_device, averaging_device,
                communication, timeout, learning_rate_fn=None,
-               simulate=None, publish=True):
+               simulate=None, publish=True, per_group_nccl=False):
     self.info = info
     self.me = info.worker_index
     self.n = info.num_workers
@@ -61,10 +61,15 @@ class Rounds:
     self._global_key = averaging.group_key_for(range(self.n))
     self._table_averager = averaging.GroupAverager(
         self.n, self._global_key, host_device, "RING", timeout)
-    self._group_averager = averaging.GroupAverager(
-        self.n, self._global_key, averaging_device, communication, timeout)
+    # "auto" on GPUs: NCCL for a group on one host, ring across hosts.
+    self._per_group = per_group_nccl
+    self._group_averager = (
+        averaging.PerGroupAverager(self.n, self._global_key, averaging_device,
+                                   timeout) if per_group_nccl else
+        averaging.GroupAverager(self.n, self._global_key, averaging_device,
+                                communication, timeout))
     with tf.device(host_device), tf.init_scope():
-      k, key, size, weight, scale = self._my_part(self.plan, 0)
+      k, key, size, weight, scale, nccl, whole = self._my_part(self.plan, 0)
       self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="oscars_local_step")
       self.next_sync = tf.Variable(k, dtype=tf.int64, trainable=False,
@@ -77,13 +82,27 @@ class Rounds:
       self.group_size = tf.Variable(size, dtype=tf.int32, trainable=False)
       self.weight = tf.Variable(weight, dtype=tf.float32, trainable=False)
       self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
+      self.use_nccl = tf.Variable(nccl, dtype=tf.bool, trainable=False)
+      self.is_global = tf.Variable(whole, dtype=tf.bool, trainable=False)
 
   # -- Python side (py_function bodies and eager helpers) -----------------
 
   def _my_part(self, plan, step):
+    """This worker's share of `plan`, as the values of its plan variables."""
     group = plan.group_of(self.me)
+    one_host = len({self.hosts[i] for i in group}) == 1
     return (step + plan.local_steps[self.me], averaging.group_key_for(group),
-            len(group), plan.weights[self.me], plan.update_scales[self.me])
+            len(group), plan.weights[self.me], plan.update_scales[self.me],
+            one_host, plan.global_sync)
+
+  def _assign_plan(self, step):
+    """Eagerly points the plan variables at `self.plan` (epoch starts)."""
+    k, key, size, weight, scale, nccl, whole = self._my_part(self.plan, step)
+    for var, value in ((self.next_sync, k), (self.group_key, key),
+                       (self.group_size, size), (self.weight, weight),
+                       (self.scale, scale), (self.use_nccl, nccl),
+                       (self.is_global, whole)):
+      var.assign(value)
 
   def mark_round_start(self):
     """Time from here on counts as compute (called at starts and resumes)."""
@@ -169,9 +188,10 @@ class Rounds:
         logging.warning("oscars_tf: could not publish the rate row: %s", e)
     self._last_sync_step = int(step)
     self._t_round_start = time.monotonic()
-    k, key, size, weight, scale = self._my_part(self.plan, int(step))
+    k, key, size, weight, scale, nccl, whole = self._my_part(self.plan,
+                                                              int(step))
     return (np.int64(k), np.int32(key), np.int32(size), np.float32(weight),
-            np.float32(scale))
+            np.float32(scale), np.bool_(nccl), np.bool_(whole))
 
   def begin_epoch(self, target_steps=None):
     """Starts an epoch (eager); `target_steps` are cluster-wide steps.
@@ -185,13 +205,7 @@ class Rounds:
     if target_steps is not None:
       self.plan = scheduler.fit_to_epoch(self.plan, target_steps,
                                          self._weighting)
-      k, key, size, weight, scale = self._my_part(
-          self.plan, int(self.local_step.numpy()))
-      self.next_sync.assign(k)
-      self.group_key.assign(key)
-      self.group_size.assign(size)
-      self.weight.assign(weight)
-      self.scale.assign(scale)
+      self._assign_plan(int(self.local_step.numpy()))
 
   # -- graph side ----------------------------------------------------------
 
@@ -228,6 +242,10 @@ class Rounds:
       sent = sum(int(np.prod(v.shape)) * v.dtype.size for v in values)
 
       def together():
+        if self._per_group:
+          return self._group_averager.weighted_sum(
+              values, self.weight, self.group_size, self.group_key,
+              self.use_nccl)
         return self._group_averager.weighted_sum(
             values, self.weight, group_size=self.group_size,
             group_key=self.group_key)
@@ -239,12 +257,14 @@ class Rounds:
       outs = tf.py_function(self._on_averaged,
                             [table, divergence, step, sent],
                             [tf.int64, tf.int32, tf.int32, tf.float32,
-                             tf.float32])
+                             tf.float32, tf.bool, tf.bool])
     updates = [self.next_sync.assign(tf.reshape(outs[0], [])),
                self.group_key.assign(tf.reshape(outs[1], [])),
                self.group_size.assign(tf.reshape(outs[2], [])),
                self.weight.assign(tf.reshape(outs[3], [])),
                self.scale.assign(tf.reshape(outs[4], [])),
+               self.use_nccl.assign(tf.reshape(outs[5], [])),
+               self.is_global.assign(tf.reshape(outs[6], [])),
                self.last_sync_step.assign(step),
                self.syncs.assign_add(1)]
     return tf.group(updates)

@@ -279,3 +279,40 @@ class Adaptive(Schedule):
     out["period_rule"] = self.period_rule.config()
     out["schedule"] = "Adaptive"
     return out
+
+
+class OuterMomentum:
+  """Outer optimizer on the averaged model at global syncs (SlowMo, DiLoCo).
+
+  At every global sync the change since the previous one, averaged over the
+  workers, is treated as a gradient: delta = start - average;
+  m = momentum * m + delta; the model becomes
+  start - learning_rate * (delta + momentum * m) (Nesterov) or
+  start - learning_rate * m. Wang et al., "SlowMo: Improving
+  Communication-Efficient Distributed SGD with Slow Momentum", ICLR 2020;
+  Douillard et al., "DiLoCo", 2023 (learning_rate=0.7, momentum=0.9).
+  `learning_rate=1, momentum=0` is plain averaging.
+
+  Example:
+    OscarsStrategy(outer_optimizer=oscars_tf.schedules.OuterMomentum())
+  """
+
+  def __init__(self, learning_rate=1.0, momentum=0.5, nesterov=True):
+    self.learning_rate = _positive_float("learning_rate", learning_rate,
+                                         "OuterMomentum")
+    if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+        or not 0 <= momentum < 1):
+      raise ValueError("OuterMomentum: `momentum` must be in [0, 1), got "
+                       f"{momentum!r}.")
+    self.momentum = float(momentum)
+    self.nesterov = bool(nesterov)
+
+  def config(self):
+    return {"outer": "OuterMomentum", "learning_rate": self.learning_rate,
+            "momentum": self.momentum, "nesterov": self.nesterov}
+
+  fingerprint = Schedule.fingerprint
+
+  def __repr__(self):
+    return (f"OuterMomentum(learning_rate={self.learning_rate}, "
+            f"momentum={self.momentum}, nesterov={self.nesterov})")

@@ -20,7 +20,7 @@ Pure Python, no TensorFlow.
 
 import dataclasses
 import re
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 

@@ -69,7 +69,6 @@ def test_fast_workers_barely_wait(runs):
 
 def test_epochs_end_together_and_sooner(runs):
   for name, r in runs.items():
-    ends = [o["rounds"][-1]["end_step"] for o in r.outputs]
     assert all(o["epochs_run"] == 6 for o in r.outputs), name
   oscars = runs["oscars"].outputs
   # Fast workers took more of the epoch's steps than the slowest one.

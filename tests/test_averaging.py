@@ -72,3 +72,16 @@ def test_single_member_weighted_sum_is_exact():
   a, b = averager.weighted_sum([tf.constant([1.0, 2.0]),
                                 tf.constant([[3.0]])], 1.0)
   assert a.numpy().tolist() == [1.0, 2.0] and b.numpy().tolist() == [[3.0]]
+
+
+def test_per_group_choice_builds_nccl_and_ring_ops():
+  """Traced only: both branches exist, with their communication hints."""
+  averager = averaging.PerGroupAverager(4, 777, "/device:GPU:0", timeout=9.0)
+  fn = tf.function(lambda flag: averager.weighted_sum(
+      [tf.ones([3])], 0.25, tf.constant(2), tf.constant(888), flag))
+  graph = fn.get_concrete_function(tf.TensorSpec([], tf.bool)).graph
+  hints = sorted(
+      node.attr["communication_hint"].s.decode()
+      for f in graph.as_graph_def().library.function for node in f.node_def
+      if node.op == "CollectiveReduceV2")
+  assert hints == ["nccl", "ring"]

@@ -4,7 +4,6 @@ On one worker, OscarsStrategy must behave like MirroredStrategy over the same
 devices (Keras' own MirroredStrategy tests are the reference for this).
 """
 
-import os
 
 import keras
 import numpy as np
@@ -226,3 +225,41 @@ def test_local_sgd_among_local_replicas():
   assert strategy.stats()["syncs"] == 2
   with pytest.raises(ValueError, match="local_replicas"):
     oscars_tf.OscarsStrategy(local_replicas="async")
+
+
+def test_outer_momentum_steps_from_the_last_global_average():
+  """One worker, two local replicas doing local SGD, Fixed(every=1)."""
+  outer = oscars_tf.schedules.OuterMomentum(learning_rate=0.5, momentum=0.5,
+                                            nesterov=False)
+  strategy = oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd", outer_optimizer=outer,
+      schedule=oscars_tf.schedules.Fixed(every=1))
+  with strategy.scope():
+    w = tf.Variable([1.0, 1.0])
+    opt = keras.optimizers.SGD(1.0)
+
+  @tf.function
+  def step():
+    def fn():
+      opt.apply_gradients([(tf.constant([1.0, 2.0]) / 2.0, w)])
+    strategy.run(fn)
+
+  strategy.track(type("M", (), {"trainable_weights": [w],
+                                "non_trainable_weights": []})(), opt)
+  # SUM of replica gradients stays per replica (local SGD): each replica
+  # steps by [1, 2]; the average is w - [1, 2]; the outer step moves from
+  # the start by lr * m with m = delta = [1, 2] first, then 0.5 m + delta.
+  step()
+  np.testing.assert_allclose(w.numpy(), [1 - 0.5, 1 - 1.0])
+  step()
+  start, delta = np.array([0.5, 0.0]), np.array([1.0, 2.0])
+  m = 0.5 * delta + delta
+  np.testing.assert_allclose(w.numpy(), start - 0.5 * m, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{"momentum": 1.0}, {"learning_rate": 0}])
+def test_outer_momentum_rejects_bad_arguments(kwargs):
+  with pytest.raises(ValueError):
+    oscars_tf.schedules.OuterMomentum(**kwargs)
+  with pytest.raises(TypeError, match="outer_optimizer"):
+    oscars_tf.OscarsStrategy(outer_optimizer="slowmo")

@@ -168,7 +168,6 @@ def fit(params):
 def sync_equivalence(params):
   """every=1 with plain SGD must equal one-process SGD on joined batches."""
   strategy = _setup(dict(params, every=1))
-  import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
   (x, y), _ = data.digits()

@@ -1,0 +1,42 @@
+"""Input distribution: each worker its own shard or stream.
+
+The batch size of a dataset is the per-worker batch size; it is split across
+the worker's local replicas as in `MirroredStrategy`.
+"""
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import input_util
+
+
+class WorkerInputs:
+  """Mixin for the extended: shards by worker, fast path for one replica."""
+
+  def _single_cpu(self):
+    return (len(self._devices) == 1 and
+            tf.DeviceSpec.from_string(self._devices[0]).device_type == "CPU")
+
+  def _experimental_distribute_dataset(self, dataset, options):
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    if (self._cluster.is_multi_worker and not self._suppress_sharding and
+        dataset.options().experimental_distribute.auto_shard_policy != off):
+      dataset = dataset.shard(self._cluster.num_workers,
+                              self._cluster.worker_index)
+    if self._single_cpu():
+      # One CPU replica: the plain dataset is already "distributed", and
+      # skipping TF's multi-device iterator saves ~0.5 ms per step (measured
+      # in benchmarks/overhead.py). Elements are plain tensors, which
+      # strategy.run and experimental_local_results accept for one replica.
+      return dataset.prefetch(tf.data.AUTOTUNE)
+    return super()._experimental_distribute_dataset(dataset, options)
+
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    context = distribute_lib.InputContext(
+        num_input_pipelines=self._cluster.num_workers,
+        input_pipeline_id=self._cluster.worker_index,
+        num_replicas_in_sync=self._num_replicas_in_sync)
+    if self._single_cpu():
+      return dataset_fn(context).prefetch(tf.data.AUTOTUNE)
+    return input_util.get_distributed_datasets_from_function(
+        dataset_fn, self._input_workers_with_options(options), [context],
+        self._container_strategy(), options)
