@@ -19,9 +19,15 @@ flags.DEFINE_enum("dataset", "digits", ["digits", "synthetic"],
 flags.DEFINE_integer("epochs", 5, "Training epochs.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.", lower_bound=0)
-flags.DEFINE_integer("every", 8, "Average the workers' models every this many "
-                     "local steps (1 = synchronous model averaging).",
-                     lower_bound=1)
+flags.DEFINE_enum("schedule", "adaptive", ["adaptive", "fixed"],
+                  "adaptive: Oscars (local steps by measured speed); fixed: "
+                  "average every --every steps.")
+flags.DEFINE_integer("every", 8, "With --schedule=fixed: average the workers' "
+                     "models every this many local steps (1 = synchronous "
+                     "model averaging).", lower_bound=1)
+flags.DEFINE_string("simulate_step_time", None, "SIMULATED heterogeneity, "
+                    "e.g. '20ms*1,1,2,4' (default: $OSCARS_SIMULATE_STEP_TIME, "
+                    "which oscars-launch --simulate_step_time sets).")
 flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
                   "Keep optimizer slots per worker or average them too.")
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
@@ -32,9 +38,11 @@ def main(argv):
   del argv
   import oscars_tf  # pylint: disable=g-import-not-at-top
   # The strategy comes first: it joins the cluster before TF runs any op.
+  schedule = (oscars_tf.schedules.Adaptive() if FLAGS.schedule == "adaptive"
+              else oscars_tf.schedules.Fixed(every=FLAGS.every))
   strategy = oscars_tf.OscarsStrategy(
-      schedule=oscars_tf.schedules.Fixed(every=FLAGS.every),
-      optimizer_state=FLAGS.optimizer_state)
+      schedule=schedule, optimizer_state=FLAGS.optimizer_state,
+      simulate_step_time=FLAGS.simulate_step_time)
   import keras  # pylint: disable=g-import-not-at-top
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
 

@@ -99,3 +99,30 @@ def test_a_worker_that_slows_down_is_replanned_within_three_rounds():
   replanned = [k for k in range(slowed + 1, len(ratios))
                if ratios[k] <= 0.45 and not rounds0[k]["epoch_end"]]
   assert replanned and replanned[0] - slowed <= 3, (slowed, ratios)
+
+
+def test_speed_groups_average_inside_and_globally_every_few_rounds():
+  result = multiworker.run("fit", 4, dict(
+      COMMON, epochs=3, record=True,
+      adaptive={"grouping": "speed", "max_group_size": 2, "global_every": 3,
+                "adaptive_global": False}))
+  outs = result.outputs
+  proj = [{r["step"]: r["proj"] for r in o["records"]} for o in outs]
+  group_rounds, seen_groups = 0, set()
+  for k, r in enumerate(outs[0]["rounds"]):
+    if r["global_sync"]:
+      continue
+    group_rounds += 1
+    seen_groups |= {tuple(o["rounds"][k]["group"]) for o in outs}
+    ends = [o["rounds"][k]["end_step"] for o in outs]
+    after = [proj[w].get(ends[w]) for w in range(4)]
+    if any(a is None for a in after):
+      continue  # an epoch end: the record was taken before the averaging
+    for g in {tuple(o["rounds"][k]["group"]) for o in outs}:
+      a, b = g
+      assert np.max(np.abs(np.subtract(after[a], after[b]))) <= 1e-4, (k, g)
+    assert np.max(np.abs(np.subtract(after[0], after[3]))) > 1e-3, k
+  assert group_rounds >= 3
+  assert seen_groups == {(0, 1), (2, 3)}  # the fast pair, the slow pair
+  weights = [np.asarray(o["weights"]) for o in outs]
+  assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)
