@@ -198,12 +198,12 @@ def plan(table: StepRateTable, config, round_: int,
   median = _median(list(rates))
   stragglers = tuple(i for i, r in enumerate(rates)
                      if r < config.straggler_ratio * median)
-  # T is set by the slowest worker's whole number of steps (at least one),
-  # nearest to the period rule's budget: then its steps are not rounded away,
-  # and every worker, with k_i = floor(rate_i * T), arrives no later than T,
-  # so no one waits more than one of its own steps.
-  slowest_steps = max(1, int(round(slowest * period / fastest)))
-  time_budget = slowest_steps / slowest
+  # T is the fastest worker's `period` steps, so the fast workers never idle;
+  # every other worker takes k_i = floor(rate_i * T) and so arrives no later
+  # than T, idling less than one of its own steps. T never drops below one
+  # step of the slowest worker: a straggler takes one step and is waited for
+  # no longer than that.
+  time_budget = max(period / fastest, 1.0 / slowest)
   local_steps = tuple(max(1, int(math.floor(r * time_budget * (1 + 1e-9))))
                       for r in rates)
   if len(bad) == n:  # nothing measured yet: short, equal probe rounds
@@ -276,13 +276,17 @@ def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   # the epoch with a runt round, this round takes those steps too.
   if remaining_steps >= 1.5 * planned + len(p.local_steps):
     return p
-  factor = max(remaining_steps, 1) / planned
-  steps = tuple(max(1, int(round(k * factor))) for k in p.local_steps)
+  # Shrink (or stretch) the time budget, not the step counts, so workers
+  # still arrive together: k_i = floor(rate_i * T') as in a normal round.
+  budget = p.time_budget * max(remaining_steps, 1) / planned
+  budget = max(budget, 1.0 / min(p.rates))
+  steps = tuple(max(1, int(math.floor(r * budget * (1 + 1e-9))))
+                for r in p.rates)
   groups = (tuple(range(len(steps))),)
   weights, scales = weights_and_scales(groups, steps, weighting)
   return dataclasses.replace(
-      p, local_steps=steps, groups=groups, weights=weights,
-      update_scales=scales, global_sync=True, epoch_end=True)
+      p, time_budget=budget, local_steps=steps, groups=groups,
+      weights=weights, update_scales=scales, global_sync=True, epoch_end=True)
 
 
 def _adapt_global_every(current, table, config):

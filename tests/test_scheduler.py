@@ -166,3 +166,18 @@ def test_planner_time_for_ten_thousand_workers():
   elapsed = time.perf_counter() - start
   assert len(p.local_steps) == 10000
   print(f"planner: 10,000 workers in {elapsed * 1000:.1f} ms")
+
+
+def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 20.0, 10.0)),
+      ("h",) * 3)
+  p = schedules.Adaptive(initial_period=16).plan(table, 4)
+  assert p.local_steps == (16, 8, 4)
+  assert scheduler.fit_to_epoch(p, 100) is p          # far from the end
+  last = scheduler.fit_to_epoch(p, 14)               # half a round left
+  assert last.epoch_end and last.global_sync
+  assert last.local_steps == (8, 4, 2)
+  assert last.time_budget == pytest.approx(0.2)
+  for k, r in zip(last.local_steps, last.rates):
+    assert k / r <= last.time_budget * (1 + 1e-6)

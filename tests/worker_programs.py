@@ -84,7 +84,8 @@ def fit(params):
   with strategy.scope():
     model = _mlp(params, hidden)
   me = strategy.worker_index
-  records, step_times, gaps = [], [], []
+  records, step_times, gaps, epoch_ends = [], [], [], []
+  fit_start = [time.perf_counter()]
   proj = _Projector(_flat(model).size)
 
   class Recorder(keras.callbacks.Callback):
@@ -97,6 +98,10 @@ def fit(params):
         raise RuntimeError(f"injected failure on worker {me}")
       if params.get("stop_all_at_epoch") == epoch:
         raise KeyboardInterrupt("planned stop of every worker")
+
+    def on_epoch_end(self, epoch, logs=None):
+      epoch_ends.append([time.perf_counter() - fit_start[0],
+                         float((logs or {}).get("val_accuracy", "nan"))])
 
     def on_train_batch_begin(self, batch, logs=None):
       self._t = time.perf_counter()
@@ -127,7 +132,7 @@ def fit(params):
     callbacks.append(keras.callbacks.BackupAndRestore(
         os.path.join(params["shared_dir"], "backup")))
   history = None
-  started = time.perf_counter()
+  started = fit_start[0] = time.perf_counter()
   fit_x, fit_y, fit_kwargs = x, y, {"batch_size": params.get("batch_size", 32)}
   if params.get("dataset_steps"):  # an endless tf.data stream
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -156,7 +161,8 @@ def fit(params):
       "stats": strategy.stats(), "records": records,
       "rounds": strategy.round_history,
       "table": strategy.step_rate_table(),
-      "step_times": step_times, "epoch_start_gaps": gaps, "steps_per_epoch": len(step_times) // max(
+      "step_times": step_times, "epoch_start_gaps": gaps,
+      "epoch_ends": epoch_ends, "steps_per_epoch": len(step_times) // max(
           1, len(history.history["loss"])),
       "predict_sum": float(np.sum(model.predict(xt[:50], verbose=0))),
       "optimizer_slots": [float(np.sum(np.abs(v.numpy())))
