@@ -20,7 +20,7 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 GROUP_KEY_BASE = 1 << 20
 # Instance keys per role; each role gets a disjoint range of packs.
 INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "logs": 3 << 20,
-                     "table": 4 << 20}
+                     "table": 4 << 20, "across": 5 << 20, "back": 6 << 20}
 _MAX_PACKS = 1 << 10
 
 
@@ -158,6 +158,42 @@ class PerGroupAverager:
                                            group_size=group_size,
                                            group_key=group_key)
     return tf.cond(use_nccl, run(self.nccl), run(self.ring))
+
+
+class HierarchicalAverager:
+  """A global average over several hosts: within hosts, across, and back.
+
+  1. Each host's members sum `weight_in_host * values` (NCCL on GPUs).
+  2. One leader per host sums `host_share * host_average` with the other
+     leaders over gRPC ring: only one member per host crosses the network.
+  3. Each leader broadcasts the result to its host's members.
+  Group keys, sizes and weights are tensors taken from the plan.
+  """
+
+  def __init__(self, device, intra_communication, timeout):
+    self.intra = GroupAverager(2, 0, device, intra_communication, timeout)
+    self.cross = GroupAverager(2, 0, device, "RING", timeout)
+
+  def weighted_sum(self, tensors, p):
+    """`p`: dict of tensors host_key, host_size, weight_in_host, is_leader,
+    leaders_key, leaders_size, host_share (see Rounds)."""
+    def within(values, weight, role):
+      return tf.cond(
+          p["host_size"] > 1,
+          lambda: self.intra.weighted_sum(values, weight, role=role,
+                                          group_size=p["host_size"],
+                                          group_key=p["host_key"]),
+          lambda: [tf.identity(v) for v in values])
+
+    host_average = within(tensors, p["weight_in_host"], "model")
+    crossed = tf.cond(
+        p["is_leader"],
+        lambda: self.cross.weighted_sum(host_average, p["host_share"],
+                                        role="across",
+                                        group_size=p["leaders_size"],
+                                        group_key=p["leaders_key"]),
+        lambda: [tf.identity(v) for v in host_average])
+    return within(crossed, tf.where(p["is_leader"], 1.0, 0.0), "back")
 
 
 def packed_bytes(tensors):

@@ -57,10 +57,15 @@ def free_ports(n, host="127.0.0.1"):
   return ports
 
 
-def tf_configs(num_workers, host="127.0.0.1", ports=None):
-  """One TF_CONFIG JSON string per worker of a local cluster."""
+def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None):
+  """One TF_CONFIG JSON string per worker of a local cluster.
+
+  `hosts` (one address per worker) places workers on different addresses,
+  e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
+  """
   ports = ports or free_ports(num_workers, host)
-  cluster = {"worker": [f"{host}:{p}" for p in ports]}
+  hosts = hosts or [host] * num_workers
+  cluster = {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports)]}
   return [json.dumps({"cluster": cluster,
                       "task": {"type": "worker", "index": i}})
           for i in range(num_workers)]
@@ -77,13 +82,13 @@ class Job:
   """A set of local worker processes started with their TF_CONFIGs."""
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
-               worker_env=None, out=None):
+               worker_env=None, out=None, hosts=None):
     self.command = list(command)
     self.num_workers = num_workers
     self.procs = []
     self._threads = []
     out = out or sys.stdout
-    for i, config in enumerate(tf_configs(num_workers, host)):
+    for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
       penv = dict(os.environ if env is None else env)
       penv["TF_CONFIG"] = config
       penv.update((worker_env or {}).get(i, {}))

@@ -23,6 +23,10 @@ from oscars_tf import rate_table
 from oscars_tf import scheduler
 
 ROW = len(scheduler.FIELDS)
+HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
+               ("weight_in_host", tf.float32), ("is_leader", tf.bool),
+               ("leaders_key", tf.int32), ("leaders_size", tf.int32),
+               ("host_share", tf.float32))
 
 
 class Rounds:
@@ -63,6 +67,10 @@ class Rounds:
         self.n, self._global_key, host_device, "RING", timeout)
     # "auto" on GPUs: NCCL for a group on one host, ring across hosts.
     self._per_group = per_group_nccl
+    self._multi_host = len(set(self.hosts)) > 1
+    self._hierarchical = averaging.HierarchicalAverager(
+        averaging_device, "NCCL" if per_group_nccl else communication,
+        timeout)
     self._group_averager = (
         averaging.PerGroupAverager(self.n, self._global_key, averaging_device,
                                    timeout) if per_group_nccl else
@@ -84,6 +92,11 @@ class Rounds:
       self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
       self.use_nccl = tf.Variable(nccl, dtype=tf.bool, trainable=False)
       self.is_global = tf.Variable(whole, dtype=tf.bool, trainable=False)
+      # Where this worker stands in a hierarchical global sync.
+      self.hier = {
+          name: tf.Variable(value, dtype=dtype, trainable=False)
+          for (name, dtype), value in zip(
+              HIER_FIELDS, self._hier_part(self.plan))}
 
   # -- Python side (py_function bodies and eager helpers) -----------------
 
@@ -95,6 +108,17 @@ class Rounds:
             len(group), plan.weights[self.me], plan.update_scales[self.me],
             one_host, plan.global_sync)
 
+  def _hier_part(self, plan):
+    """Hierarchical-sync numbers of this worker (meaningful when global)."""
+    host = [i for i in range(self.n) if self.hosts[i] == self.hosts[self.me]]
+    leaders = sorted({min(i for i in range(self.n) if self.hosts[i] == h)
+                      for h in self.hosts})
+    share = sum(plan.weights[i] for i in host)
+    return (averaging.group_key_for(host), len(host),
+            plan.weights[self.me] / share if share else 0.0,
+            self.me == min(host), averaging.group_key_for(leaders),
+            len(leaders), share)
+
   def _assign_plan(self, step):
     """Eagerly points the plan variables at `self.plan` (epoch starts)."""
     k, key, size, weight, scale, nccl, whole = self._my_part(self.plan, step)
@@ -103,6 +127,8 @@ class Rounds:
                        (self.scale, scale), (self.use_nccl, nccl),
                        (self.is_global, whole)):
       var.assign(value)
+    for (name, _), value in zip(HIER_FIELDS, self._hier_part(self.plan)):
+      self.hier[name].assign(value)
 
   def mark_round_start(self):
     """Time from here on counts as compute (called at starts and resumes)."""
@@ -190,8 +216,11 @@ class Rounds:
     self._t_round_start = time.monotonic()
     k, key, size, weight, scale, nccl, whole = self._my_part(self.plan,
                                                               int(step))
+    hier = self._hier_part(self.plan)
     return (np.int64(k), np.int32(key), np.int32(size), np.float32(weight),
-            np.float32(scale), np.bool_(nccl), np.bool_(whole))
+            np.float32(scale), np.bool_(nccl), np.bool_(whole),
+            *(np.dtype(d.as_numpy_dtype).type(v)
+              for (_, d), v in zip(HIER_FIELDS, hier)))
 
   def begin_epoch(self, target_steps=None):
     """Starts an epoch (eager); `target_steps` are cluster-wide steps.
@@ -250,6 +279,13 @@ class Rounds:
             values, self.weight, group_size=self.group_size,
             group_key=self.group_key)
 
+      def hierarchical():
+        return self._hierarchical.weighted_sum(
+            values, {k: v.read_value() for k, v in self.hier.items()})
+
+      if self._multi_host:  # a global sync crosses hosts hierarchically
+        grouped = together
+        together = lambda: tf.cond(self.is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
       averaged = tf.cond(self.group_size > 1, together,
                          lambda: [tf.identity(v) for v in values])
       divergence = _relative_distance(values, averaged)
@@ -257,7 +293,8 @@ class Rounds:
       outs = tf.py_function(self._on_averaged,
                             [table, divergence, step, sent],
                             [tf.int64, tf.int32, tf.int32, tf.float32,
-                             tf.float32, tf.bool, tf.bool])
+                             tf.float32, tf.bool, tf.bool] +
+                            [d for _, d in HIER_FIELDS])
     updates = [self.next_sync.assign(tf.reshape(outs[0], [])),
                self.group_key.assign(tf.reshape(outs[1], [])),
                self.group_size.assign(tf.reshape(outs[2], [])),
@@ -265,6 +302,8 @@ class Rounds:
                self.scale.assign(tf.reshape(outs[4], [])),
                self.use_nccl.assign(tf.reshape(outs[5], [])),
                self.is_global.assign(tf.reshape(outs[6], [])),
+               *(self.hier[name].assign(tf.reshape(out, []))
+                 for (name, _), out in zip(HIER_FIELDS, outs[7:])),
                self.last_sync_step.assign(step),
                self.syncs.assign_add(1)]
     return tf.group(updates)

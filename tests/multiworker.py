@@ -59,14 +59,14 @@ def worker_env(extra=None):
 
 
 def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
-        kill_on_failure=True, expect_success=True):
+        kill_on_failure=True, expect_success=True, hosts=None):
   """Runs `scenario` of worker_programs.py on `num_workers` processes."""
   outdir = tempfile.mkdtemp(prefix=f"oscars_{scenario}_")
   params = dict(params or {}, outdir=outdir)
   log = _Log()
   job = launch.Job([sys.executable, str(WORKER_PROGRAM), scenario,
                     json.dumps(params)], num_workers, env=worker_env(),
-                   worker_env=per_worker_env, out=log)
+                   worker_env=per_worker_env, out=log, hosts=hosts)
   try:
     if kill_on_failure:
       codes, failed = job.wait(timeout=timeout, grace=3)

@@ -130,3 +130,27 @@ def test_speed_groups_average_inside_and_globally_every_few_rounds():
   assert seen_groups == {(0, 1), (2, 3)}  # the fast pair, the slow pair
   weights = [np.asarray(o["weights"]) for o in outs]
   assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)
+
+
+def test_two_hosts_average_within_hosts_then_hierarchically():
+  """Workers 0, 1 on 127.0.0.1 and 2, 3 on 127.0.0.2 stand for two hosts."""
+  result = multiworker.run(
+      "fit", 4, dict(COMMON, epochs=3, record=True,
+                     adaptive={"global_every": 2, "adaptive_global": False}),
+      hosts=["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"])
+  outs = result.outputs
+  proj = [{r["step"]: r["proj"] for r in o["records"]} for o in outs]
+  kinds = set()
+  for k, r in enumerate(outs[0]["rounds"][PROBE_ROUNDS:], PROBE_ROUNDS):
+    ends = [o["rounds"][k]["end_step"] for o in outs]
+    after = [np.asarray(proj[w][ends[w]]) for w in range(4)]
+    same = lambda a, b: np.max(np.abs(after[a] - after[b])) <= 1e-4  # pylint: disable=cell-var-from-loop
+    if r["global_sync"]:
+      kinds.add("global")
+      assert same(0, 1) and same(0, 2) and same(0, 3), k
+    else:
+      kinds.add("host")
+      assert [o["rounds"][k]["group"] for o in outs] == [[0, 1]] * 2 + [
+          [2, 3]] * 2
+      assert same(0, 1) and same(2, 3) and not same(0, 2), k
+  assert kinds == {"global", "host"}
