@@ -81,8 +81,9 @@ def test_checkpoint_holds_the_averaged_model_and_logs_are_per_worker(
   assert os.listdir(os.path.join(outdir, "tb", "worker_1", "train"))
 
 
-def test_three_workers_converge(tmp_path):
-  result = multiworker.run("fit", 3, {"every": 8, "epochs": 5})
+def test_three_workers_converge_with_a_cluster_resolver():
+  result = multiworker.run("fit", 3, {"every": 8, "epochs": 5,
+                                      "resolver": True})
   outs = result.outputs
   for o in outs[1:]:
     assert _max_diff(outs[0]["weights"], o["weights"]) <= 1e-6

@@ -22,7 +22,11 @@ def _setup(params):
         cpu, [tf.config.LogicalDeviceConfiguration()] * n)
   import oscars_tf  # pylint: disable=g-import-not-at-top
   devices = [f"CPU:{i}" for i in range(n)] if n > 1 else None
+  resolver = None
+  if params.get("resolver"):  # the ClusterResolver path instead of TF_CONFIG
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   strategy = oscars_tf.OscarsStrategy(
+      cluster_resolver=resolver,
       schedule=(oscars_tf.schedules.Adaptive(**params["adaptive"])
                 if "adaptive" in params else
                 oscars_tf.schedules.Fixed(params.get("every", 4))),
