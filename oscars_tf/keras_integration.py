@@ -4,8 +4,10 @@
 methods; they act only for models built under an OscarsStrategy and leave all
 other models alone. For `fit` they:
 
-* shard the training input across workers (each worker its own part, equal
-  in size so every worker runs the same number of steps per epoch);
+* give each worker its own training input: under the Adaptive schedule an
+  endless shuffled stream per worker, with cluster-wide epochs that the plan
+  ends at a round boundary (fast workers take more of an epoch's steps);
+  otherwise an equal shard per worker, so all run the same steps per epoch;
 * add one callback that averages the model at the end of each epoch (before
   validation, so validation, checkpoints and early stopping see the averaged
   model), averages the epoch logs over workers (so every worker's
@@ -171,6 +173,7 @@ def _prepare_fit(model, extended, args):
         array_slicing.train_validation_split(
             (x, y, sw), validation_split=args["validation_split"]))
     args["validation_split"] = 0.0
+  args.update(x=x, y=y, sample_weight=sw)
   extended._epoch_target = None  # pylint: disable=protected-access
   planned = (extended.plans_epochs() and model.steps_per_execution == 1 and
              _planned_stream(extended, args))
@@ -178,23 +181,21 @@ def _prepare_fit(model, extended, args):
     stream, extended._epoch_target = planned  # pylint: disable=protected-access
     args.update(x=stream, y=None, sample_weight=None, batch_size=None,
                 steps_per_epoch=None, shuffle=False)
-    x = y = sw = None
-  elif extended.plans_epochs():
-    warnings.warn("oscars_tf: epochs are per worker here (the epoch length is "
-                  "unknown, or steps_per_execution > 1), so fast workers wait "
-                  "for slow ones at each epoch end; pass steps_per_epoch and "
-                  "steps_per_execution=1 for cluster-wide epochs.")
-  if planned:
-    pass
-  elif isinstance(x, tf.data.Dataset):
-    x = _shard_dataset(x, w, i, args["steps_per_epoch"])
-  elif _is_array_like(x):
-    x, y, sw = _shard_arrays((x, y, sw), w, i)
   else:
-    warnings.warn(f"oscars_tf: cannot shard a {type(x).__name__} across "
-                  "workers; each worker reads all of it. Give each worker its "
-                  "own stream (e.g. seed by strategy.worker_index).")
-  if not planned:
+    if extended.plans_epochs():
+      warnings.warn("oscars_tf: epochs are per worker here (the epoch length "
+                    "is unknown, or steps_per_execution > 1), so fast workers "
+                    "wait for slow ones at each epoch end; pass "
+                    "steps_per_epoch and steps_per_execution=1 for "
+                    "cluster-wide epochs.")
+    if isinstance(x, tf.data.Dataset):
+      x = _shard_dataset(x, w, i, args["steps_per_epoch"])
+    elif _is_array_like(x):
+      x, y, sw = _shard_arrays((x, y, sw), w, i)
+    else:
+      warnings.warn(f"oscars_tf: cannot shard a {type(x).__name__} across "
+                    "workers; each worker reads all of it. Give each worker "
+                    "its own stream (e.g. seed by strategy.worker_index).")
     args.update(x=x, y=y, sample_weight=sw)
   if args["verbose"] in ("auto", 1) and not info.is_chief:
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's

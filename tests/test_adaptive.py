@@ -154,3 +154,16 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
           [2, 3]] * 2
       assert same(0, 1) and same(2, 3) and not same(0, 2), k
   assert kinds == {"global", "host"}
+
+
+def test_cluster_wide_epochs_count_the_training_split_only():
+  result = multiworker.run("fit", 4, dict(COMMON, epochs=2, validate=False,
+                                          validation_split=0.2, adaptive={}))
+  outs = result.outputs
+  train_rows = int(1437 * (1 - 0.2))  # Keras keeps the first 80 % to train
+  per_epoch = -(-train_rows // COMMON["batch_size"])
+  total = sum(o["stats"]["local_step"] for o in outs)
+  assert abs(total - 2 * per_epoch) <= 2 * 4, (total, per_epoch)
+  assert all(o["epochs_run"] == 2 and "val_loss" in o["history"]
+             for o in outs)
+  assert outs[0]["history"]["val_loss"] == outs[3]["history"]["val_loss"]

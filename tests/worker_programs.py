@@ -148,6 +148,7 @@ def fit(params):
                         callbacks=callbacks, **fit_kwargs,
                         validation_data=(xt, yt) if params.get("validate")
                         else None, shuffle=params.get("shuffle", True),
+                        validation_split=params.get("validation_split", 0.0),
                         verbose=0)
   except KeyboardInterrupt as e:
     _write(params, strategy, {"interrupted": str(e)})
