@@ -16,6 +16,8 @@ where those meet TensorFlow's strategy contract:
   `strategy.run` all average at the same planned points.
 """
 
+import zlib
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import mirrored_strategy
@@ -224,7 +226,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     return [len(variables),
             sum(int(np.prod(_component_variables(v)[0].shape))
                 for v in variables),
-            averaging.zlib.crc32(shapes.encode()) % (1 << 24),
+            zlib.crc32(shapes.encode()) % (1 << 24),
             self._schedule.fingerprint(),
             OPTIMIZER_STATES.index(self._optimizer_state),
             ("RING", "NCCL").index(self._communication),
