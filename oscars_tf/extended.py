@@ -321,6 +321,25 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def mark_round_start(self):
     self._rounds.mark_round_start()
 
+  # -- observability --------------------------------------------------------
+
+  def set_logdir(self, logdir):
+    """Writes this worker's round summaries under `logdir` from now on."""
+    from oscars_tf import observability  # pylint: disable=g-import-not-at-top
+    if logdir and logdir != getattr(self, "_logdir", None):
+      self._logdir = logdir
+      self._summaries = observability.RoundSummaries(
+          logdir, self._cluster.worker_index, self._cluster.is_chief)
+      self._rounds.observer = self._summaries
+
+  def finish_logs(self):
+    """Flushes summaries and writes this worker's timeline (if logging)."""
+    from oscars_tf import observability  # pylint: disable=g-import-not-at-top
+    if getattr(self, "_logdir", None):
+      self._summaries.flush()
+      observability.write_timeline(self._logdir, self._rounds.history,
+                                   self._cluster.worker_index)
+
   def plans_epochs(self):
     """Whether `fit` epochs are cluster-wide (the Adaptive schedule)."""
     return (self._cluster.is_multi_worker and

@@ -83,6 +83,7 @@ class AveragingCallback(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     self._extended.sync_now()
+    self._extended.finish_logs()
     self._in_fit = False
 
 
@@ -163,6 +164,10 @@ def _prepare_fit(model, extended, args):
                  "holds the averaging collective.")
     model.jit_compile = False
   extended.track(model, model.optimizer)
+  if not getattr(extended, "_logdir", None):  # log next to Keras' TensorBoard
+    for cb in args["callbacks"] or []:
+      if isinstance(cb, keras.callbacks.TensorBoard):
+        extended.set_logdir(cb.log_dir)
   if not info.is_multi_worker:
     return args
   w, i = info.num_workers, info.worker_index

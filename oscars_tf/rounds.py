@@ -50,6 +50,7 @@ class Rounds:
         tuple(scheduler.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
     self.history = []  # one dict per finished round
+    self.observer = None  # called as observer(entry, table, next_plan)
     self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
                    "bytes_sent": 0, "collectives": 0}
     self.epoch_target = None     # cluster-wide steps per epoch, if planned
@@ -191,7 +192,9 @@ class Rounds:
         "learning_rate": table.entries[self.me].learning_rate,
         "table_rates": [e.rate for e in table.entries],
         "time_budget": self.plan.time_budget, "end_step": int(step),
-        "stragglers": list(self.plan.stragglers)})
+        "stragglers": list(self.plan.stragglers), "bytes_sent": int(bytes_sent),
+        "groups": [list(g) for g in self.plan.groups],
+        "planned_all": list(self.plan.local_steps)})
     self.round += 1
     ended = self.plan
     self.plan = self.schedule.plan(table, self.round, self.plan.state)
@@ -203,6 +206,12 @@ class Rounds:
       else:
         self.plan = scheduler.fit_to_epoch(self.plan, remaining,
                                            self._weighting)
+    if self.observer is not None:
+      try:
+        self.observer(self.history[-1], table, self.plan)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("oscars_tf: summaries failed (training goes on): %s",
+                        e)
     logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                  self.me, self.round, self.plan.digest(),
                  list(self.plan.local_steps), list(self.plan.groups))

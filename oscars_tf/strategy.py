@@ -48,6 +48,10 @@ class OscarsStrategy(tf.distribute.Strategy):
     communication: "auto" (default), "ring" (gRPC) or "nccl".
     collective_timeout: seconds to wait for the other workers at an
       averaging point before failing with `PeerTimeoutError` (default 300).
+    logdir: where each worker writes its round summaries for TensorBoard
+      (`<logdir>/worker_<i>`, the chief's global view in `<logdir>/cluster`)
+      and its timeline; default: the log_dir of a Keras TensorBoard callback
+      given to `fit`, else none.
     outer_optimizer: None (default: the average is the new model) or
       `schedules.OuterMomentum(...)`: SlowMo/DiLoCo momentum on the averaged
       update at every global sync.
@@ -72,7 +76,7 @@ class OscarsStrategy(tf.distribute.Strategy):
   def __init__(self, schedule=None, devices=None, cluster_resolver=None,
                optimizer_state="local", communication="auto",
                collective_timeout=300.0, local_replicas="mirrored",
-               simulate_step_time=None, outer_optimizer=None):
+               simulate_step_time=None, outer_optimizer=None, logdir=None):
     schedule = schedules_lib.Adaptive() if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
@@ -108,6 +112,8 @@ class OscarsStrategy(tf.distribute.Strategy):
         collective_timeout, local_replicas,
         simulate=profile if profile.active else None,
         outer_optimizer=outer_optimizer))
+    if logdir:
+      self.extended.set_logdir(logdir)
     if profile.active:
       for line in profile.describe(info.num_workers):
         logging.warning("oscars_tf: %s", line)
@@ -154,6 +160,11 @@ class OscarsStrategy(tf.distribute.Strategy):
     last one, or for a one-worker cluster).
     """
     return self.extended.sync_now()
+
+  def write_timeline(self):
+    """Flushes summaries and writes `<logdir>/timeline_worker_<i>.json`
+    (done by `fit` at its end; a custom loop calls it when done)."""
+    self.extended.finish_logs()
 
   def stats(self):
     """Counters of this worker: local steps, averagings (syncs), round,

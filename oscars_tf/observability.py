@@ -1,0 +1,116 @@
+"""Summaries to TensorBoard and a Chrome trace timeline, per worker.
+
+Everything here runs at averaging points only (inside the round's
+`tf.py_function`, after the collectives) or after training: never on the
+per-step path, and never a collective of its own.
+
+Layout under a log directory:
+  worker_<i>/        this worker's scalars: oscars/step_rate, local_steps,
+                     time_budget, compute_s, wait_s, comm_s, bytes_sent,
+                     divergence, loss (x axis: round)
+  cluster/           the chief's global view: oscars/table/rate/worker_<j>,
+                     oscars/table/local_steps/worker_<j>, the plan digest and
+                     groups (text), stragglers
+  timeline_worker_<i>.json   compute / wait / communicate spans (Chrome trace
+                     events); `python -m oscars_tf.observability merge DIR`
+                     joins them into DIR/timeline.json for Perfetto or
+                     chrome://tracing, one row per worker.
+"""
+
+import glob
+import json
+import os
+import sys
+
+import tensorflow as tf
+
+WORKER_SCALARS = ("rate", "local_steps", "time_budget", "compute_s", "wait_s",
+                  "comm_s", "divergence", "loss")
+
+
+class RoundSummaries:
+  """Writes one worker's summaries at each round end (see module doc)."""
+
+  def __init__(self, logdir, worker_index, is_chief):
+    self.logdir = logdir
+    self.worker_index = worker_index
+    self.writer = tf.summary.create_file_writer(
+        os.path.join(logdir, f"worker_{worker_index}"))
+    self.cluster_writer = (tf.summary.create_file_writer(
+        os.path.join(logdir, "cluster")) if is_chief else None)
+    self._bytes = 0
+
+  def __call__(self, entry, table, plan):
+    step = entry["round"]
+    self._bytes += entry.get("bytes_sent", 0)
+    with self.writer.as_default(step=step):
+      for name in WORKER_SCALARS:
+        value = entry.get(name)
+        if value is not None and value == value:  # skip NaN
+          tf.summary.scalar(f"oscars/{name}", float(value))
+      tf.summary.scalar("oscars/bytes_sent", float(self._bytes))
+    if self.cluster_writer is None:
+      return
+    with self.cluster_writer.as_default(step=step):
+      for j, e in enumerate(table.entries):
+        if e.rate == e.rate:
+          tf.summary.scalar(f"oscars/table/rate/worker_{j}", e.rate)
+        tf.summary.scalar(f"oscars/table/local_steps/worker_{j}", e.steps)
+      tf.summary.scalar("oscars/stragglers", float(len(plan.stragglers)))
+      tf.summary.text("oscars/plan", json.dumps({
+          "digest": entry["plan"], "groups": entry["groups"],
+          "local_steps": entry["planned_all"],
+          "global_sync": entry["global_sync"]}))
+
+  def flush(self):
+    self.writer.flush()
+    if self.cluster_writer is not None:
+      self.cluster_writer.flush()
+
+
+def trace_events(history, worker_index):
+  """Chrome trace events (µs) for one worker's rounds."""
+  events = []
+  for r in history:
+    arrive = r["arrived_at"] * 1e6
+    spans = (("compute", arrive - r["compute_s"] * 1e6, r["compute_s"]),
+             ("wait", arrive, r["wait_s"]),
+             ("communicate", arrive + r["wait_s"] * 1e6, r["comm_s"]))
+    for name, start, seconds in spans:
+      events.append({"name": name, "ph": "X", "ts": start,
+                     "dur": seconds * 1e6, "pid": 0, "tid": worker_index,
+                     "args": {"round": r["round"], "plan": r["plan"]}})
+  events.append({"name": "thread_name", "ph": "M", "pid": 0,
+                 "tid": worker_index,
+                 "args": {"name": f"worker {worker_index}"}})
+  return events
+
+
+def write_timeline(logdir, history, worker_index):
+  """Writes `timeline_worker_<i>.json` under `logdir`; returns its path."""
+  os.makedirs(logdir, exist_ok=True)
+  path = os.path.join(logdir, f"timeline_worker_{worker_index}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump({"traceEvents": trace_events(history, worker_index)}, f)
+  os.replace(path + ".tmp", path)
+  return path
+
+
+def merge_timelines(logdir):
+  """Joins every worker's timeline into `logdir/timeline.json`."""
+  events = []
+  for path in sorted(glob.glob(os.path.join(logdir, "timeline_worker_*.json"))):
+    with open(path) as f:
+      events.extend(json.load(f)["traceEvents"])
+  if not events:
+    raise FileNotFoundError(f"no timeline_worker_*.json under {logdir!r}")
+  out = os.path.join(logdir, "timeline.json")
+  with open(out, "w") as f:
+    json.dump({"traceEvents": events}, f)
+  return out
+
+
+if __name__ == "__main__":
+  if len(sys.argv) != 3 or sys.argv[1] != "merge":
+    sys.exit("usage: python -m oscars_tf.observability merge LOGDIR")
+  print(merge_timelines(sys.argv[2]))
