@@ -14,10 +14,14 @@ setuptools.setup(
     install_requires=["tensorflow>=2.16", "numpy", "absl-py", "tensorboard"],
     extras_require={
         "examples": ["scikit-learn"],
-        "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn",
+                 "selenium"],
     },
-    entry_points={"console_scripts": [
-        "oscars-launch=oscars_tf.launch:run",
-    ]},
+    package_data={"oscars_tf.tensorboard": ["static/*.js"]},
+    entry_points={
+        "console_scripts": ["oscars-launch=oscars_tf.launch:run"],
+        "tensorboard_plugins": [
+            "oscars = oscars_tf.tensorboard.plugin:OscarsPlugin"],
+    },
     license="Apache-2.0",
 )

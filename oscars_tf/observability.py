@@ -49,6 +49,7 @@ class RoundSummaries:
         if value is not None and value == value:  # skip NaN
           tf.summary.scalar(f"oscars/{name}", float(value))
       tf.summary.scalar("oscars/bytes_sent", float(self._bytes))
+      tf.summary.scalar("oscars/group", float(min(entry["group"])))
     if self.cluster_writer is None:
       return
     with self.cluster_writer.as_default(step=step):

@@ -68,3 +68,111 @@ def test_timelines_merge_into_one_trace(logged_run):
   assert {e["tid"] for e in spans} == {0, 1, 2}
   assert {e["name"] for e in spans} == {"compute", "wait", "communicate"}
   assert all(e["dur"] >= 0 for e in spans)
+
+
+# -- the `oscars` TensorBoard dashboard, served by stock TensorBoard --------
+
+OUTPUT_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                          "test-output")
+
+
+@pytest.fixture(scope="module")
+def tensorboard_url(logged_run):
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  _, logdir = logged_run
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host",
+       "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
+  url = f"http://127.0.0.1:{port}"
+  try:
+    deadline = time.monotonic() + 90
+    while True:
+      try:
+        urllib.request.urlopen(url + "/data/plugins_listing", timeout=5)
+        break
+      except OSError:
+        if time.monotonic() > deadline or proc.poll() is not None:
+          raise RuntimeError("tensorboard did not start")
+        time.sleep(0.5)
+    yield url
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def _get(url):
+  import urllib.error  # pylint: disable=g-import-not-at-top
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  try:
+    with urllib.request.urlopen(url, timeout=30) as r:
+      return r.status, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def test_plugin_is_listed_and_serves_the_job(tensorboard_url):
+  status, listing = _get(tensorboard_url + "/data/plugins_listing")
+  assert status == 200 and listing["oscars"]["enabled"]
+  status, jobs = _get(tensorboard_url + "/data/plugin/oscars/jobs")
+  assert status == 200 and jobs["jobs"] == ["."]
+  status, job = _get(tensorboard_url + "/data/plugin/oscars/job?name=.")
+  assert status == 200
+  assert [w["worker"] for w in job["workers"]] == [0, 1, 2]
+  assert all(w["rate"] > 0 and w["wait_s"] >= 0 for w in job["workers"])
+  assert [t["worker"] for t in job["table"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name, code", [("../etc", 400), ("/etc", 400),
+                                        ("a/../../b", 400), ("", 400),
+                                        ("no_such_job", 404)])
+def test_plugin_rejects_bad_job_names(tensorboard_url, name, code):
+  import urllib.parse  # pylint: disable=g-import-not-at-top
+  status, body = _get(tensorboard_url + "/data/plugin/oscars/job?name=" +
+                      urllib.parse.quote(name))
+  assert status == code and "error" in body
+
+
+def test_dashboard_in_a_real_browser(tensorboard_url):
+  chromium, driver = "/usr/bin/chromium", "/usr/bin/chromedriver"
+  if not (os.path.exists(chromium) and os.path.exists(driver)):
+    pytest.skip("Chromium is not installed (apt-get install chromium "
+                "chromium-driver; .ci/run does)")
+  webdriver = pytest.importorskip("selenium.webdriver")
+  from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  options = webdriver.ChromeOptions()
+  options.binary_location = chromium
+  for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
+               "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--disable-dev-shm-usage",
+               "--window-size=1400,1000"):
+    options.add_argument(flag)
+  browser = webdriver.Chrome(service=Service(driver), options=options)
+  try:
+    browser.get(tensorboard_url + "/#oscars")
+    frame = WebDriverWait(browser, 60).until(
+        lambda b: b.find_elements(By.CSS_SELECTOR, "iframe"))[0]
+    browser.switch_to.frame(frame)
+    rows = WebDriverWait(browser, 60).until(
+        lambda b: b.find_elements(By.CSS_SELECTOR,
+                                  "#oscars-workers tr.worker-row"))
+    texts = [r.text for r in rows]
+    assert [t.split()[1] for t in texts] == ["0", "1", "2"], texts
+    assert all(float(t.split()[2]) > 0 for t in texts), texts  # steps/s
+    assert browser.find_elements(By.CSS_SELECTOR, "#oscars-heatmap td")
+    assert "straggler" in texts[2]  # SIMULATED 3x slower worker
+    browser.switch_to.default_content()
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
+    shot = os.path.join(OUTPUT_DIR, "oscars_dashboard.png")
+    browser.save_screenshot(shot)
+    assert os.path.getsize(shot) > 10000
+  finally:
+    browser.quit()

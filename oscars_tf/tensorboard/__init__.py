@@ -1,0 +1,1 @@
+"""The `oscars` TensorBoard dashboard (a plugin served by stock TensorBoard)."""
