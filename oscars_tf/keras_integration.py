@@ -219,7 +219,9 @@ def _worker_callbacks(callbacks, info):
       cb._save_model = lambda *a, **k: None  # pylint: disable=protected-access
       cb.delete_checkpoint = False
     elif isinstance(cb, keras.callbacks.TensorBoard):
-      cb.log_dir = os.path.join(cb.log_dir, f"worker_{info.worker_index}")
+      own = f"worker_{info.worker_index}"
+      if os.path.basename(os.path.normpath(cb.log_dir)) != own:  # once only
+        cb.log_dir = os.path.join(cb.log_dir, own)
   return callbacks
 
 
