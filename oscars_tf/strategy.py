@@ -167,8 +167,10 @@ class OscarsStrategy(tf.distribute.Strategy):
     self.extended.finish_logs()
 
   def stats(self):
-    """Counters of this worker: local steps, averagings (syncs), round,
-    seconds spent computing / waiting / communicating, bytes sent."""
+    """Counters of this worker: `local_step`, `syncs` (averaging points it
+    took part in; each runs one table collective and one packed model
+    collective per dtype), `round`, `next_sync_step`, seconds spent
+    computing / waiting / communicating, and model bytes sent."""
     return self.extended.stats()
 
   @property
