@@ -197,5 +197,5 @@ class HierarchicalAverager:
 
 
 def packed_bytes(tensors):
-  """Bytes one member sends into a ring all-reduce of these tensors (≈2x)."""
+  """Bytes of the tensors one member contributes to an averaging."""
   return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)

@@ -35,12 +35,10 @@ class Rounds:
   def __init__(self, info, schedule, host_device, averaging_device,
                communication, timeout, learning_rate_fn=None,
                simulate=None, publish=True, per_group_nccl=False):
-    self.info = info
     self.me = info.worker_index
     self.n = info.num_workers
     self.hosts = tuple(a.rpartition(":")[0] for _, _, a in info.workers)
     self.schedule = schedule
-    self.communication = communication
     self.learning_rate_fn = learning_rate_fn or (lambda: math.nan)
     self.simulate = simulate
     self.publish = publish and info.is_multi_worker
@@ -277,7 +275,7 @@ class Rounds:
         begin = start()
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
                   for v, b in zip(values, begin)]
-      sent = sum(int(np.prod(v.shape)) * v.dtype.size for v in values)
+      sent = averaging.packed_bytes(values)
 
       def together():
         if self._per_group:
