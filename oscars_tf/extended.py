@@ -350,6 +350,22 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     self._rounds.begin_epoch(getattr(self, "_epoch_target", None))
     self._rounds.mark_round_start()
 
+  def begin_custom_epoch(self, cluster_steps):
+    """A custom loop's epoch of `cluster_steps` steps over all workers."""
+    if self.plans_epochs():  # the plan ends it at a round boundary
+      self._epoch_target, self._epoch_end_step = cluster_steps, None
+    else:  # equal shares: each worker takes its part, then all average
+      self._epoch_target = None
+      self._epoch_end_step = (int(self._rounds.local_step.numpy()) +
+                              -(-cluster_steps // self._cluster.num_workers))
+    self.begin_epoch()
+
+  def custom_epoch_over(self):
+    end = getattr(self, "_epoch_end_step", None)
+    if end is None:
+      return self._rounds.epoch_over
+    return int(self._rounds.local_step.numpy()) >= end
+
   def average_numbers(self, numbers):
     """Mean of a list of floats over all workers (eager, a planned point)."""
     if not self._cluster.is_multi_worker or not numbers:
@@ -357,7 +373,8 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     vec = tf.constant(numbers, tf.float64)
     out = self._collective_or_timeout(
         lambda: self._averager.weighted_sum(
-            [vec], 1.0 / self._cluster.num_workers, role="logs")[0],
+            [vec], 1.0 / self._cluster.num_workers, role="logs",
+            instance_offset=(len(numbers) % 1000) * 1024)[0],
         "an epoch end")
     return [float(x) for x in out.numpy()]
 

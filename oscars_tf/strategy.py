@@ -6,6 +6,7 @@ to `extended.OscarsExtended`.
 
 import os
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -160,6 +161,32 @@ class OscarsStrategy(tf.distribute.Strategy):
     last one, or for a one-worker cluster).
     """
     return self.extended.sync_now()
+
+  def begin_epoch(self, cluster_steps):
+    """Custom training loops: starts an epoch of `cluster_steps` steps.
+
+    `cluster_steps` counts the steps of all workers together (a data set's
+    worth: examples / per-worker batch size). Under the Adaptive schedule
+    fast workers take more of them, and the epoch ends at the same round on
+    every worker; under `Fixed` each worker takes an equal share. Loop
+
+        strategy.begin_epoch(steps)
+        while not strategy.epoch_over:
+          train_step(iterator)
+        strategy.sync()
+
+    `int(cluster_steps)` must be >= 1.
+    """
+    if (isinstance(cluster_steps, bool) or
+        not isinstance(cluster_steps, (int, np.integer)) or cluster_steps < 1):
+      raise ValueError("begin_epoch: `cluster_steps` must be an int >= 1, "
+                       f"got {cluster_steps!r}.")
+    self.extended.begin_custom_epoch(int(cluster_steps))
+
+  @property
+  def epoch_over(self):
+    """True once the epoch `begin_epoch` started is done on this worker."""
+    return self.extended.custom_epoch_over()
 
   def write_timeline(self):
     """Flushes summaries and writes `<logdir>/timeline_worker_<i>.json`

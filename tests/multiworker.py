@@ -85,6 +85,17 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
   return result
 
 
+def run_command(command, num_workers, timeout=180, env=None):
+  """Runs `command` (argv) on `num_workers` launched workers; (codes, log)."""
+  log = _Log()
+  job = launch.Job(command, num_workers, env=worker_env(env), out=log)
+  try:
+    codes, failed = job.wait(timeout=timeout, grace=3)
+  finally:
+    job.stop(grace=1)
+  return codes, failed, log.text()
+
+
 def _wait_all(job, timeout):
   """Waits for every worker to exit by itself (no early kill)."""
   import time  # pylint: disable=g-import-not-at-top

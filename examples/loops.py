@@ -1,0 +1,135 @@
+"""A custom training loop (`strategy.run`) that works under any strategy.
+
+Used by examples/custom_loop.py (OscarsStrategy) and by examples/train.py for
+TensorFlow's MultiWorkerMirroredStrategy, whose Keras 3 `fit` does not work
+in TF 2.21. Under OscarsStrategy the epoch is the strategy's
+(`begin_epoch` / `epoch_over`); under TF's strategies each worker takes an
+equal share of the data set's steps.
+"""
+
+import math
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def _is_oscars(strategy):
+  return hasattr(strategy, "begin_epoch") and hasattr(strategy, "epoch_over")
+
+
+def worker_of(strategy):
+  """(index, count) of this worker under any strategy, chief first."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if _is_oscars(strategy):
+    return strategy.worker_index, strategy.num_workers
+  if resolver is not None and resolver.cluster_spec().as_dict():
+    num = sum(len(v) for k, v in resolver.cluster_spec().as_dict().items()
+              if k in ("chief", "worker"))
+    index = resolver.task_id + (
+        1 if resolver.task_type == "worker" and
+        "chief" in resolver.cluster_spec().as_dict() else 0)
+    return index, num
+  return 0, 1
+
+
+def train(strategy, model, optimizer, x, y, batch_size, epochs,
+          initial_epoch=0, simulate=None, on_epoch_end=None, seed=0):
+  """Trains `model` for `epochs` epochs; returns per-epoch mean losses.
+
+  Args:
+    strategy: any tf.distribute strategy; `model` and `optimizer` were built
+      in its scope.
+    x, y: the full training arrays (each worker draws its own stream).
+    batch_size: per-worker batch size.
+    simulate: optional (worker, step) -> seconds, a SIMULATED delay per step
+      for TF's own strategies (OscarsStrategy simulates by itself).
+    on_epoch_end: optional callable(epoch, loss).
+  """
+  worker, num_workers = worker_of(strategy)
+  replicas = len(strategy.extended.worker_devices)
+  if batch_size % replicas:
+    raise ValueError(f"batch size {batch_size} does not split evenly over "
+                     f"this worker's {replicas} devices.")
+  oscars = _is_oscars(strategy)
+
+  def dataset_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if not (oscars and strategy.extended.plans_epochs()):
+      ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    ds = ds.shuffle(len(x), seed=seed + 1000 + ctx.input_pipeline_id)
+    return ds.repeat().batch(batch_size // replicas, drop_remainder=True)
+
+  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, reduction="none")
+
+  @tf.function
+  def train_step(it):
+    def step(xb, yb):
+      with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb,
+                                                            training=True)))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    # Local results only: a cross-worker reduce here would add a barrier.
+    local = strategy.experimental_local_results(
+        strategy.run(step, args=next(it)))
+    return tf.add_n(local) * strategy.num_replicas_in_sync / len(local)
+
+  cluster_steps = math.ceil(len(x) / batch_size)
+  losses, step = [], 0
+  for epoch in range(initial_epoch, epochs):
+    total, count = 0.0, 0
+    if oscars:
+      strategy.begin_epoch(cluster_steps)
+      more = lambda: not strategy.epoch_over
+    else:
+      share = math.ceil(cluster_steps / num_workers)
+      more = lambda: count < share  # pylint: disable=cell-var-from-loop
+    while more():
+      if simulate is not None:
+        delay = simulate(worker, step)
+        if delay > 0:
+          time.sleep(delay)
+      total += float(train_step(iterator))
+      count += 1
+      step += 1
+    if oscars:
+      strategy.sync()
+    losses.append(total / max(count, 1))
+    if on_epoch_end is not None:
+      on_epoch_end(epoch, losses[-1])
+  return losses
+
+
+def evaluate(model, x, y, batch_size=512):
+  """(loss, accuracy) of this worker's `model` on arrays; no collective."""
+  logits = np.concatenate([np.asarray(model(x[i:i + batch_size],
+                                            training=False))
+                           for i in range(0, len(x), batch_size)])
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+      y, logits)
+  return float(loss), float(np.mean(np.argmax(logits, -1) == y))
+
+
+def gather_per_worker(strategy, values):
+  """Every worker's `values`, concatenated in worker order (a collective:
+  all workers call it at the same point)."""
+  worker, count = worker_of(strategy)
+  k = len(values)
+  mine = np.zeros(count * k)
+  mine[worker * k:(worker + 1) * k] = values
+  if count == 1:
+    return mine.tolist()
+  if _is_oscars(strategy):
+    return [v * count for v in strategy.extended.average_numbers(
+        mine.tolist())]
+  replicas = len(strategy.extended.worker_devices)
+  @tf.function
+  def gather():
+    per_replica = strategy.run(lambda: tf.constant(mine / replicas))
+    return strategy.reduce("SUM", per_replica, axis=None)
+  return gather().numpy().tolist()

@@ -1,0 +1,230 @@
+"""Trains a Keras model under a flag-chosen strategy: the training binary.
+
+    oscars-launch --num_workers 2 -- python examples/train.py \
+        --dataset=digits --model=cnn --epochs=10
+
+Strategy flags (--strategy, --period, --period_rule, ...) come from
+`oscars_tf.flags`; run with --helpfull to list them. The batch size is per
+worker. With --checkpoint_dir, the chief saves the averaged model and the
+optimizer after every epoch (atomically) and a later run resumes from the last
+one (every worker reads it: use a shared file system across hosts).
+--result_json gets the final metrics, the wall time, the accuracy after every
+epoch and every worker's step counts.
+
+MultiWorkerMirroredStrategy is trained with a custom loop
+(examples/loops.py): Keras 3 `fit` does not work with it in TF 2.21.
+"""
+
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from oscars_tf import data
+from oscars_tf import flags as oscars_flags
+
+flags.DEFINE_enum("dataset", "digits", list(data.NAMES),
+                  f"Data set; offline: {', '.join(data.OFFLINE)}; the others "
+                  "download through keras.datasets on first use.")
+flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Model to train.")
+flags.DEFINE_integer("epochs", 5, "Training epochs (a data set's worth of "
+                     "steps over the cluster each).", lower_bound=1)
+flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.", lower_bound=1)
+flags.DEFINE_enum("optimizer", "momentum", ["sgd", "momentum", "adam"],
+                  "momentum: SGD with Nesterov momentum 0.9.")
+flags.DEFINE_float("learning_rate", 0.05, "Learning rate.", lower_bound=1e-9)
+flags.DEFINE_enum("loop", "auto", ["auto", "fit", "custom"],
+                  "Keras fit or a custom strategy.run loop (auto: fit, but "
+                  "custom for multi_worker_mirrored).")
+flags.DEFINE_integer("num_samples", 8192, "Examples of --dataset=synthetic.",
+                     lower_bound=2)
+flags.DEFINE_integer("seed", 0, "Seed of data shuffling and initial weights.")
+flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch; resume "
+                    "from the last checkpoint here.")
+flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
+FLAGS = flags.FLAGS
+
+# Checkpoint files: the weights (model and optimizer) and the epoch done.
+WEIGHTS, STATE = "last.weights.h5", "last.json"
+
+
+@flags.multi_flags_validator(
+    ["strategy", "simulate_step_time", "loop"],
+    message="--simulate_step_time with TensorFlow's own strategies needs "
+    "the custom loop (--loop=custom); fit can only slow down OscarsStrategy")
+def _simulation_supported(values):
+  return (not values["simulate_step_time"] or values["strategy"] in
+          ("oscars", "local_sgd", "sync") or values["loop"] == "custom" or
+          (values["strategy"] == "multi_worker_mirrored" and
+           values["loop"] == "auto"))
+
+
+@flags.multi_flags_validator(
+    ["strategy", "loop"],
+    message="--strategy=multi_worker_mirrored needs --loop=custom (or auto): "
+    "Keras 3 fit does not work with it in TF 2.21")
+def _mwms_needs_custom_loop(values):
+  return not (values["strategy"] == "multi_worker_mirrored" and
+              values["loop"] == "fit")
+
+
+def _uses_custom_loop():
+  return FLAGS.loop == "custom" or (
+      FLAGS.loop == "auto" and FLAGS.strategy == "multi_worker_mirrored")
+
+
+def _worker_of(strategy):
+  """(index, count, is_chief) of this worker under any strategy."""
+  if hasattr(strategy, "worker_index"):
+    return strategy.worker_index, strategy.num_workers, strategy.is_chief
+  import loops  # pylint: disable=g-import-not-at-top
+  index, count = loops.worker_of(strategy)
+  return index, count, index == 0
+
+
+def _optimizer(keras):
+  if FLAGS.optimizer == "adam":
+    return keras.optimizers.Adam(FLAGS.learning_rate)
+  momentum = 0.9 if FLAGS.optimizer == "momentum" else 0.0
+  return keras.optimizers.SGD(FLAGS.learning_rate, momentum=momentum,
+                              nesterov=momentum > 0)
+
+
+def _restore(model, strategy):
+  """Loads the last checkpoint of --checkpoint_dir; returns its epoch."""
+  path = FLAGS.checkpoint_dir
+  if not path or not os.path.exists(os.path.join(path, STATE)):
+    return 0
+  with open(os.path.join(path, STATE)) as f:
+    state = json.load(f)
+  with strategy.scope():  # slots must exist before their values load
+    model.optimizer.build(model.trainable_variables)
+  model.load_weights(os.path.join(path, WEIGHTS))
+  logging.info("resumed from %s: epoch %d, optimizer step %d", path,
+               state["epoch"], int(model.optimizer.iterations.numpy()))
+  return int(state["epoch"])
+
+
+def _save(model, epoch):
+  """Writes the checkpoint atomically: a crash leaves the previous one."""
+  path = FLAGS.checkpoint_dir
+  os.makedirs(path, exist_ok=True)
+  tmp = os.path.join(path, f".tmp-{os.getpid()}")
+  model.save_weights(tmp + ".weights.h5")
+  with open(tmp + ".json", "w") as f:
+    json.dump({"epoch": epoch,
+               "optimizer_step": int(model.optimizer.iterations.numpy())}, f)
+  # Weights first, then the state that points at them.
+  os.replace(tmp + ".weights.h5", os.path.join(path, WEIGHTS))
+  os.replace(tmp + ".json", os.path.join(path, STATE))
+
+
+def main(argv):
+  del argv
+  # The strategy comes first: it joins the cluster before TF runs any op.
+  try:
+    strategy = oscars_flags.make_strategy()
+  except (ValueError, TypeError) as e:
+    sys.exit(f"train.py: {e}")
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import loops  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+
+  try:
+    kwargs = {"num_samples": FLAGS.num_samples} if (
+        FLAGS.dataset == "synthetic") else {}
+    (x, y), (x_test, y_test) = data.load(FLAGS.dataset, seed=FLAGS.seed,
+                                         **kwargs)
+  except (data.DatasetUnavailableError, ImportError) as e:
+    sys.exit(f"train.py: --dataset={FLAGS.dataset}: {e}")
+  worker, num_workers, is_chief = _worker_of(strategy)
+  keras.utils.set_random_seed(FLAGS.seed)
+  with strategy.scope():
+    try:
+      model = models.build(FLAGS.model, x.shape[1:], int(y.max()) + 1)
+    except ValueError as e:
+      sys.exit(f"train.py: {e}")
+    model.compile(optimizer=_optimizer(keras),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True), metrics=["accuracy"])
+  initial_epoch = _restore(model, strategy)
+
+  curve, train_clock = [], {"start": time.monotonic(), "eval_s": 0.0}
+
+  def after_epoch(epoch, loss):
+    """Every worker: evaluates the averaged model, saves, logs one line."""
+    t0 = time.monotonic()
+    test_loss, accuracy = loops.evaluate(model, x_test, y_test)
+    train_clock["eval_s"] += time.monotonic() - t0
+    wall = time.monotonic() - train_clock["start"] - train_clock["eval_s"]
+    curve.append({"epoch": epoch + 1, "train_time_s": wall,
+                  "loss": float(loss), "test_accuracy": accuracy,
+                  "test_loss": test_loss})
+    if FLAGS.checkpoint_dir and is_chief:
+      _save(model, epoch + 1)
+    if not is_chief or _uses_custom_loop():
+      print(f"worker {worker}/{num_workers} epoch {epoch + 1}/{FLAGS.epochs}:"
+            f" loss {loss:.4f}, test accuracy {accuracy:.4f}, "
+            f"{wall:.1f} s", flush=True)
+
+  simulate = None
+  if FLAGS.simulate_step_time and not hasattr(strategy, "worker_index"):
+    from oscars_tf import simulate as simulate_lib  # pylint: disable=g-import-not-at-top
+    profile = simulate_lib.StepTimeProfile.parse(FLAGS.simulate_step_time)
+    start = time.monotonic()
+    simulate = lambda w, step: profile.seconds(w, step,
+                                               time.monotonic() - start)
+    logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
+
+  train_clock["start"] = time.monotonic()
+  if initial_epoch >= FLAGS.epochs:
+    logging.info("checkpoint is at epoch %d >= --epochs; nothing to train",
+                 initial_epoch)
+  elif _uses_custom_loop():
+    loops.train(strategy, model, model.optimizer, x, y, FLAGS.batch_size,
+                FLAGS.epochs, initial_epoch=initial_epoch, simulate=simulate,
+                on_epoch_end=after_epoch, seed=FLAGS.seed)
+  else:
+    callbacks = [keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
+    if FLAGS.logdir:
+      callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))
+    model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+              initial_epoch=initial_epoch, callbacks=callbacks,
+              verbose=1 if is_chief else 0)
+  wall = time.monotonic() - train_clock["start"]
+  test_loss, accuracy = loops.evaluate(model, x_test, y_test)
+  stats = strategy.stats() if hasattr(strategy, "stats") else {}
+  steps = int(model.optimizer.iterations.numpy())
+  per_worker = loops.gather_per_worker(
+      strategy, [steps, wall, stats.get("compute_s", 0.0),
+                 stats.get("wait_s", 0.0), stats.get("comm_s", 0.0),
+                 stats.get("bytes_sent", 0.0), stats.get("syncs", 0)])
+  print(f"worker {worker}/{num_workers}: test accuracy {accuracy:.4f}, loss "
+        f"{test_loss:.4f}, {steps} optimizer steps, {wall:.1f} s", flush=True)
+  if FLAGS.result_json and is_chief:
+    names = ["steps", "wall_time_s", "compute_s", "wait_s", "comm_s",
+             "bytes_sent", "syncs"]
+    result = {
+        "strategy": FLAGS.strategy, "dataset": FLAGS.dataset,
+        "model": FLAGS.model, "workers": num_workers,
+        "batch_size_per_worker": FLAGS.batch_size,
+        "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
+        "test_accuracy": accuracy, "test_loss": test_loss,
+        "wall_time_s": wall, "eval_time_s": train_clock["eval_s"],
+        "optimizer_step": steps, "curve": curve,
+        "simulated_step_time": FLAGS.simulate_step_time or None,
+        "per_worker": [dict(zip(names, map(float, row)))
+                       for row in np.reshape(per_worker, (num_workers, -1))]}
+    with open(FLAGS.result_json, "w") as f:
+      json.dump(result, f, indent=1)
+    logging.info("wrote %s", FLAGS.result_json)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,139 @@
+"""absl flags for choosing and configuring a distribution strategy.
+
+Importing this module defines the flags, so a user's own absl binary gets
+them with one import:
+
+    from absl import app
+    from oscars_tf import flags as oscars_flags
+
+    def main(argv):
+      strategy = oscars_flags.make_strategy()   # before any other TF op
+      ...
+
+    if __name__ == "__main__":
+      app.run(main)
+
+No TensorFlow import at module level: flags are defined (and `--help` works)
+before TensorFlow starts.
+"""
+
+import os
+
+from absl import flags
+
+from oscars_tf import schedules
+
+STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored", "multi_worker_mirrored",
+              "default")
+PERIOD_RULES = ("adacomm", "quadratic", "divergence", "constant")
+RESOLVERS = ("tf_config", "slurm")
+
+flags.DEFINE_enum(
+    "strategy", "oscars", STRATEGIES,
+    "oscars: OscarsStrategy with the adaptive schedule; local_sgd: "
+    "OscarsStrategy averaging every --period steps; sync: OscarsStrategy "
+    "averaging every step; mirrored / multi_worker_mirrored / default: "
+    "TensorFlow's own strategies, for comparison.")
+flags.DEFINE_integer("period", 8, "local_sgd: local steps between averagings.",
+                     lower_bound=1)
+flags.DEFINE_integer("warmup_steps", 0, "local_sgd: average after each of the "
+                     "first this many steps.", lower_bound=0)
+flags.DEFINE_enum("period_rule", "adacomm", PERIOD_RULES,
+                  "oscars: how the averaging period adapts.")
+flags.DEFINE_integer("initial_period", 16, "oscars: steps of the fastest "
+                     "worker per round before the rule has data.",
+                     lower_bound=1)
+flags.DEFINE_integer("min_period", 8, "oscars: lower bound of the period.",
+                     lower_bound=1)
+flags.DEFINE_integer("max_period", 256, "oscars: upper bound of the period.",
+                     lower_bound=1)
+flags.DEFINE_enum("grouping", "host", list(schedules.GROUPINGS),
+                  "oscars: who averages together between global syncs.")
+flags.DEFINE_integer("global_every", 4, "oscars: rounds between global "
+                     "syncs when groups are smaller than the cluster.",
+                     lower_bound=1)
+flags.DEFINE_enum("weighting", "work", list(schedules.WEIGHTINGS),
+                  "oscars: how members' models are weighted in an average.")
+flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
+                  "Keep optimizer slots per worker, or average them too.")
+flags.DEFINE_enum("communication", "auto", ["auto", "ring", "nccl"],
+                  "Collective implementation for averaging.")
+flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
+                   "an averaging point before failing.", lower_bound=1e-3)
+flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
+                   "momentum in [0, 1) on the averaged model at global syncs.",
+                   lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_string("simulate_step_time", None, "SIMULATED heterogeneity, "
+                    "e.g. '20ms*1,1,2,4' (default: $OSCARS_SIMULATE_STEP_TIME,"
+                    " which oscars-launch --simulate_step_time sets).")
+flags.DEFINE_enum("cluster_resolver", "tf_config", RESOLVERS,
+                  "Where the cluster comes from: $TF_CONFIG (oscars-launch, "
+                  "Kubeflow) or Slurm's environment (srun).")
+flags.DEFINE_integer("slurm_port", 8888, "With --cluster_resolver=slurm: "
+                     "first port of the workers on each node.",
+                     lower_bound=1, upper_bound=65535)
+flags.DEFINE_string("logdir", None, "TensorBoard log directory.")
+
+FLAGS = flags.FLAGS
+
+
+@flags.multi_flags_validator(
+    ["min_period", "initial_period", "max_period"],
+    message="need --min_period <= --initial_period <= --max_period")
+def _periods_ordered(values):
+  return (values["min_period"] <= values["initial_period"] <=
+          values["max_period"])
+
+
+def make_schedule(flag_values=FLAGS):
+  """The `oscars_tf.schedules.Schedule` the flags describe (Oscars kinds)."""
+  f = flag_values
+  if f.strategy == "sync":
+    return schedules.Fixed(every=1)
+  if f.strategy == "local_sgd":
+    return schedules.Fixed(every=f.period, warmup_steps=f.warmup_steps)
+  rule = {"adacomm": schedules.AdaComm, "quadratic": schedules.QuadraticSync,
+          "divergence": schedules.DivergenceBand,
+          "constant": schedules.Constant}[f.period_rule]()
+  return schedules.Adaptive(
+      period_rule=rule, initial_period=f.initial_period,
+      min_period=f.min_period, max_period=f.max_period, grouping=f.grouping,
+      global_every=f.global_every, weighting=f.weighting)
+
+
+def make_resolver(flag_values=FLAGS):
+  """A ClusterResolver for --cluster_resolver, or None for TF_CONFIG."""
+  if flag_values.cluster_resolver == "tf_config":
+    return None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # One worker task per Slurm task; `jobs` names the job Oscars trains with.
+  tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS",
+                             os.environ.get("SLURM_NTASKS", "0")) or 0)
+  if tasks < 1:
+    raise ValueError("--cluster_resolver=slurm needs to run inside a Slurm "
+                     "job step (srun): SLURM_STEP_NUM_TASKS is not set.")
+  return tf.distribute.cluster_resolver.SlurmClusterResolver(
+      jobs={"worker": tasks}, port_base=flag_values.slurm_port,
+      gpus_per_node=0, gpus_per_task=0)
+
+
+def make_strategy(flag_values=FLAGS):
+  """Builds the strategy the flags describe; call it before other TF ops."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  f = flag_values
+  resolver = make_resolver(f)
+  if f.strategy == "default":
+    return tf.distribute.get_strategy()
+  if f.strategy == "mirrored":
+    return tf.distribute.MirroredStrategy()
+  if f.strategy == "multi_worker_mirrored":
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  outer = (None if f.outer_momentum is None else
+           schedules.OuterMomentum(momentum=f.outer_momentum))
+  return oscars_tf.OscarsStrategy(
+      schedule=make_schedule(f), cluster_resolver=resolver,
+      optimizer_state=f.optimizer_state, communication=f.communication,
+      collective_timeout=f.collective_timeout,
+      simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
+      logdir=f.logdir)

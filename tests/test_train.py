@@ -1,0 +1,165 @@
+"""The training binary examples/train.py, its flags, data sets and loops.
+
+Multi-worker runs are real processes over gRPC on loopback, launched the way
+users launch them (oscars_tf.launch), each with a hard timeout.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import urllib.error
+
+import numpy as np
+import pytest
+
+from oscars_tf import data
+import multiworker
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+TRAIN = str(EXAMPLES / "train.py")
+
+
+def _train(*flags, timeout=120):
+  return subprocess.run([sys.executable, TRAIN, *flags],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True, timeout=timeout,
+                        env=multiworker.worker_env(), check=False)
+
+
+@pytest.mark.parametrize("flag, names", [
+    ("--dataset=imagenet", ["--dataset", "digits", "synthetic", "mnist"]),
+    ("--batch_size=-4", ["--batch_size", "positive"]),
+    ("--strategy=horovod", ["--strategy", "oscars", "local_sgd",
+                            "multi_worker_mirrored"]),
+    ("--model=resnet", ["--model", "mlp", "cnn"]),
+    ("--epochs=0", ["--epochs", "positive"]),
+    ("--learning_rate=-1", ["--learning_rate"]),
+    ("--min_period=32", ["--min_period", "--initial_period"]),
+    ("--period_rule=fast", ["--period_rule", "adacomm", "quadratic"]),
+])
+def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
+  proc = _train(flag, timeout=60)
+  assert proc.returncode != 0
+  first = proc.stderr.strip().splitlines()[0]
+  for name in names:
+    assert name in first, first
+  assert "Traceback" not in proc.stderr
+
+
+def test_mwms_with_keras_fit_is_refused_with_the_reason():
+  proc = _train("--strategy=multi_worker_mirrored", "--loop=fit", timeout=60)
+  assert proc.returncode != 0
+  assert "--loop=custom" in proc.stderr.strip().splitlines()[0]
+
+
+def test_a_cnn_on_a_flat_data_set_is_one_clear_line():
+  proc = _train("--model=cnn", "--dataset=synthetic", timeout=120)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("train.py:") and "--model=mlp" in last, last
+  assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_download_says_what_to_use_instead(monkeypatch):
+  import keras  # pylint: disable=g-import-not-at-top
+
+  def offline(*args, **kwargs):
+    raise urllib.error.URLError("[Errno -3] Temporary failure in name "
+                                "resolution")
+  monkeypatch.setattr(keras.datasets.fashion_mnist, "load_data", offline)
+  with pytest.raises(data.DatasetUnavailableError) as e:
+    data.load("fashion_mnist")
+  text = str(e.value)
+  assert "fashion_mnist" in text and "--dataset=digits" in text
+  assert "Temporary failure" in text
+
+
+def test_offline_data_sets_have_their_shapes_and_are_deterministic():
+  (x, y), (xt, yt) = data.load("digits")
+  assert x.shape[1:] == (8, 8, 1) and x.dtype == np.float32
+  assert 0 <= x.min() and x.max() <= 1 and set(np.unique(y)) == set(range(10))
+  assert len(x) + len(xt) == 1797
+  (s, sy), _ = data.load("synthetic", num_samples=1000, seed=3)
+  (s2, _), _ = data.load("synthetic", num_samples=1000, seed=3)
+  assert s.shape == (800, 32) and np.array_equal(s, s2)
+  with pytest.raises(ValueError, match="choose one of"):
+    data.load("nope")
+
+
+def test_strategy_flags_build_the_schedules_they_name():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
+  from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
+  values = flags.FLAGS
+  try:
+    values(["prog", "--strategy=local_sgd", "--period=4",
+            "--warmup_steps=2"])
+    assert oscars_flags.make_schedule(values).config() == (
+        schedules.Fixed(4, warmup_steps=2).config())
+    values.unparse_flags()
+    values(["prog", "--strategy=sync"])
+    assert oscars_flags.make_schedule(values).every == 1
+    values.unparse_flags()
+    values(["prog", "--period_rule=quadratic", "--grouping=speed",
+            "--initial_period=32"])
+    schedule = oscars_flags.make_schedule(values)
+    assert isinstance(schedule.period_rule, schedules.QuadraticSync)
+    assert schedule.grouping == "speed" and schedule.initial_period == 32
+  finally:
+    values.unparse_flags()
+
+
+def _launch_train(tmp_path, name, *flags, workers=2, timeout=240):
+  result = tmp_path / f"{name}.json"
+  codes, failed, log = multiworker.run_command(
+      [sys.executable, TRAIN, f"--result_json={result}", *flags], workers,
+      timeout=timeout)
+  assert failed is None and codes == [0] * workers, log[-4000:]
+  return json.loads(result.read_text()), log
+
+
+def test_two_workers_reach_the_stated_accuracy_and_resume(tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  first, log = _launch_train(tmp_path, "first", "--epochs=2",
+                             f"--checkpoint_dir={ckpt}")
+  assert first["initial_epoch"] == 0 and len(first["per_worker"]) == 2
+  assert all(w["steps"] > 0 for w in first["per_worker"])
+  assert "worker 1/2 epoch 2/2" in log  # one line per epoch on non-chiefs
+  saved = json.loads((tmp_path / "ckpt" / "last.json").read_text())
+  assert saved["epoch"] == 2 and saved["optimizer_step"] == (
+      first["optimizer_step"])
+  second, _ = _launch_train(tmp_path, "second", "--epochs=4",
+                            f"--checkpoint_dir={ckpt}")
+  # Resumed: starts at the saved epoch, and the optimizer's step count
+  # continues from the saved one instead of restarting at zero.
+  assert second["initial_epoch"] == 2
+  assert [c["epoch"] for c in second["curve"]] == [3, 4]
+  assert second["optimizer_step"] > saved["optimizer_step"] + 20
+  assert second["test_accuracy"] >= 0.93, second
+  assert not [p for p in os.listdir(ckpt) if p.startswith(".tmp")]
+
+
+def test_mwms_custom_loop_and_simulated_delays(tmp_path):
+  result, log = _launch_train(
+      tmp_path, "mwms", "--strategy=multi_worker_mirrored", "--epochs=3",
+      "--simulate_step_time=2ms*1,2")
+  steps = [w["steps"] for w in result["per_worker"]]
+  assert steps[0] == steps[1] > 0  # synchronous: equal steps
+  assert result["test_accuracy"] >= 0.85
+  assert "SIMULATED" in log
+
+
+def test_custom_loop_example_trains_two_workers_to_equal_models():
+  codes, failed, log = multiworker.run_command(
+      [sys.executable, str(EXAMPLES / "custom_loop.py"), "--epochs=3"], 2,
+      timeout=240)
+  assert failed is None and codes == [0, 0], log[-4000:]
+  last = {}
+  for line in log.splitlines():
+    if "epoch 3 loss" in line:
+      worker = line.split("worker ")[1].split(":")[0]
+      last[worker] = float(line.split("test accuracy ")[1].split()[0])
+  assert len(last) == 2 and len(set(last.values())) == 1, log[-2000:]
+  assert min(last.values()) >= 0.9
