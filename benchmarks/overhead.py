@@ -32,6 +32,8 @@ flags.DEFINE_integer("samples", 8192, "Synthetic samples per worker.")
 flags.DEFINE_integer("hidden", 512, "Hidden width of the 3-layer MLP.")
 flags.DEFINE_integer("batch_size", 64, "Per-worker batch size.")
 flags.DEFINE_integer("averagings", 20, "Timed averagings of the model.")
+flags.DEFINE_list("processes", ["1", "2"], "Process counts to compare.")
+flags.DEFINE_bool("summaries", True, "Also measure the summaries' cost.")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -133,9 +135,21 @@ def _run(mode, processes, cluster):
   return [json.load(open(f"{tmp}/{i}.json")) for i in range(processes)]
 
 
+def _summaries_cost():
+  # Summaries are written at averaging points only; their cost per step is
+  # the mean step time (averaging steps included) with and without them.
+  no_log = _run("every8", 2, cluster=True)
+  with_log = _run("every8_log", 2, cluster=True)
+  base = statistics.fmean(r["median_step_s"] for r in no_log)
+  logged = statistics.fmean(r["median_step_s"] for r in with_log)
+  return {"mean_step_ms_without": base * 1e3,
+          "mean_step_ms_with": logged * 1e3,
+          "summaries_cost_ratio": logged / base}
+
+
 def driver():
   rows = []
-  for processes in (1, 2):
+  for processes in map(int, FLAGS.processes):
     plain = _run("plain", processes, cluster=False)
     ours = _run("oscars", processes, cluster=processes > 1)
     base = statistics.fmean(r["median_step_s"] for r in plain)
@@ -148,15 +162,7 @@ def driver():
           r["averaging_median_s"] for r in ours) * 1e3
       row["averaging_bytes"] = ours[0]["averaging_bytes"]
     rows.append(row)
-  # Summaries are written at averaging points only; their cost per step is
-  # the mean step time (averaging steps included) with and without them.
-  no_log = _run("every8", 2, cluster=True)
-  with_log = _run("every8_log", 2, cluster=True)
-  base = statistics.fmean(r["median_step_s"] for r in no_log)
-  logged = statistics.fmean(r["median_step_s"] for r in with_log)
-  summaries = {"mean_step_ms_without": base * 1e3,
-               "mean_step_ms_with": logged * 1e3,
-               "summaries_cost_ratio": logged / base}
+  summaries = _summaries_cost() if FLAGS.summaries else {}
   print(f"{'workers':>7} {'plain ms/step':>14} {'oscars ms/step':>15} "
         f"{'ratio':>7} {'averaging ms':>13} {'model bytes':>12}")
   for r in rows:
@@ -164,10 +170,11 @@ def driver():
           f"{r['oscars_step_ms']:>15.3f} {r['overhead_ratio']:>7.3f} "
           f"{r.get('averaging_ms', float('nan')):>13.2f} "
           f"{r.get('averaging_bytes', 0):>12}")
-  print(f"summaries (2 workers, Fixed(8), mean over all steps): "
-        f"{summaries['mean_step_ms_without']:.3f} ms/step without, "
-        f"{summaries['mean_step_ms_with']:.3f} with, ratio "
-        f"{summaries['summaries_cost_ratio']:.3f}")
+  if summaries:
+    print(f"summaries (2 workers, Fixed(8), mean over all steps): "
+          f"{summaries['mean_step_ms_without']:.3f} ms/step without, "
+          f"{summaries['mean_step_ms_with']:.3f} with, ratio "
+          f"{summaries['summaries_cost_ratio']:.3f}")
   if FLAGS.result_json:
     with open(FLAGS.result_json, "w") as f:
       json.dump({"rows": rows, "summaries": summaries,

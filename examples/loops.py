@@ -35,8 +35,9 @@ def worker_of(strategy):
 
 
 def train(strategy, model, optimizer, x, y, batch_size, epochs,
-          initial_epoch=0, simulate=None, on_epoch_end=None, seed=0):
-  """Trains `model` for `epochs` epochs; returns per-epoch mean losses.
+          initial_epoch=0, simulate=None, on_epoch_end=None, seed=0,
+          on_first_step=None):
+  """Trains `model` for `epochs` epochs.
 
   Args:
     strategy: any tf.distribute strategy; `model` and `optimizer` were built
@@ -46,6 +47,10 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
     simulate: optional (worker, step) -> seconds, a SIMULATED delay per step
       for TF's own strategies (OscarsStrategy simulates by itself).
     on_epoch_end: optional callable(epoch, loss).
+    on_first_step: optional callable(), after the first step (which traces).
+
+  Returns:
+    (per-epoch mean losses, stats): stats has `steps` and `simulated_s`.
   """
   worker, num_workers = worker_of(strategy)
   replicas = len(strategy.extended.worker_devices)
@@ -81,6 +86,7 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
 
   cluster_steps = math.ceil(len(x) / batch_size)
   losses, step = [], 0
+  stats = {"simulated_s": 0.0, "steps": 0}
   for epoch in range(initial_epoch, epochs):
     total, count = 0.0, 0
     if oscars:
@@ -94,15 +100,44 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
         delay = simulate(worker, step)
         if delay > 0:
           time.sleep(delay)
+          stats["simulated_s"] += delay
       total += float(train_step(iterator))
       count += 1
       step += 1
+      if step == 1 and on_first_step is not None:
+        on_first_step()
     if oscars:
       strategy.sync()
     losses.append(total / max(count, 1))
     if on_epoch_end is not None:
       on_epoch_end(epoch, losses[-1])
-  return losses
+  stats["steps"] = step
+  return losses, stats
+
+
+def local_step_time(model, x, y, batch, repeats=20):
+  """Median seconds of one local forward+backward pass (no collective).
+
+  TF's strategies keep no timing and their steps include the wait for the
+  all-reduce, so the benchmark estimates every strategy's compute the same
+  way: the simulated delay plus steps times this.
+  """
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  xb, yb = tf.constant(x[:batch]), tf.constant(y[:batch])
+
+  @tf.function
+  def grads():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_fn(yb, model(xb, training=True)))
+    return tape.gradient(loss, model.trainable_variables)
+
+  grads()  # traces
+  times = []
+  for _ in range(repeats):
+    t0 = time.monotonic()
+    tf.nest.map_structure(lambda g: g.numpy(), grads())
+    times.append(time.monotonic() - t0)
+  return float(np.median(times))
 
 
 def evaluate(model, x, y, batch_size=512):

@@ -123,6 +123,36 @@ def _save(model, epoch):
   os.replace(tmp + ".json", os.path.join(path, STATE))
 
 
+def _worker_numbers(strategy, model, steps, train_time, simulated_s,
+                    real_step_s):
+  """This worker's counters for the result (same keys on every worker).
+
+  compute_s is estimated the same way under every strategy: the SIMULATED
+  delay plus the steps times a measured local step (loops.local_step_time).
+  Under OscarsStrategy bytes and collectives are its own counts; under TF's
+  strategies one gradient all-reduce per step of the trainable weights.
+  """
+  row = {"steps": steps, "wall_time_s": train_time,
+         "compute_s": simulated_s + steps * real_step_s,
+         "simulated_s": simulated_s, "real_step_s": real_step_s}
+  if hasattr(strategy, "stats"):
+    s = strategy.stats()
+    late = [r for r in strategy.round_history
+            if r["arrived_at"] >= time.time() - train_time / 2]
+    busy = sum(r["compute_s"] for r in late)
+    spent = busy + sum(r["wait_s"] + r["comm_s"] for r in late)
+    return dict(row, wait_s=s["wait_s"], comm_s=s["comm_s"],
+                bytes_sent=s["bytes_sent"], collectives=s["syncs"],
+                utilization_second_half=busy / spent if spent else 1.0)
+  weight_bytes = sum(int(v.numpy().nbytes) for v in model.trainable_weights)
+  compute = row["compute_s"]
+  return dict(row, wait_s=0.0, comm_s=0.0, bytes_sent=weight_bytes * steps,
+              collectives=steps,
+              # No rounds to split: the whole run's share.
+              utilization_second_half=compute / train_time if train_time
+              else 0.0)
+
+
 def main(argv):
   del argv
   # The strategy comes first: it joins the cluster before TF runs any op.
@@ -154,15 +184,26 @@ def main(argv):
                       from_logits=True), metrics=["accuracy"])
   initial_epoch = _restore(model, strategy)
 
-  curve, train_clock = [], {"start": time.monotonic(), "eval_s": 0.0}
+  # Training time starts after the first step: tracing and the initial
+  # broadcast are start-up, the same for every strategy, not training.
+  curve, clock = [], {"start": None, "eval_s": 0.0, "steps0": 0}
+
+  def start_clock():
+    if clock["start"] is None:
+      clock["start"] = time.monotonic()
+      clock["steps0"] = int(model.optimizer.iterations.numpy())
+
+  def train_time():
+    if clock["start"] is None:
+      return 0.0
+    return time.monotonic() - clock["start"] - clock["eval_s"]
 
   def after_epoch(epoch, loss):
     """Every worker: evaluates the averaged model, saves, logs one line."""
     t0 = time.monotonic()
     test_loss, accuracy = loops.evaluate(model, x_test, y_test)
-    train_clock["eval_s"] += time.monotonic() - t0
-    wall = time.monotonic() - train_clock["start"] - train_clock["eval_s"]
-    curve.append({"epoch": epoch + 1, "train_time_s": wall,
+    clock["eval_s"] += time.monotonic() - t0
+    curve.append({"epoch": epoch + 1, "train_time_s": train_time(),
                   "loss": float(loss), "test_accuracy": accuracy,
                   "test_loss": test_loss})
     if FLAGS.checkpoint_dir and is_chief:
@@ -170,7 +211,7 @@ def main(argv):
     if not is_chief or _uses_custom_loop():
       print(f"worker {worker}/{num_workers} epoch {epoch + 1}/{FLAGS.epochs}:"
             f" loss {loss:.4f}, test accuracy {accuracy:.4f}, "
-            f"{wall:.1f} s", flush=True)
+            f"{train_time():.1f} s", flush=True)
 
   simulate = None
   if FLAGS.simulate_step_time and not hasattr(strategy, "worker_index"):
@@ -181,46 +222,49 @@ def main(argv):
                                                time.monotonic() - start)
     logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
 
-  train_clock["start"] = time.monotonic()
+  replicas = len(strategy.extended.worker_devices)
+  real_step_s = loops.local_step_time(model, x, y,
+                                      max(FLAGS.batch_size // replicas, 1))
+  loop_stats = {}
   if initial_epoch >= FLAGS.epochs:
     logging.info("checkpoint is at epoch %d >= --epochs; nothing to train",
                  initial_epoch)
   elif _uses_custom_loop():
-    loops.train(strategy, model, model.optimizer, x, y, FLAGS.batch_size,
-                FLAGS.epochs, initial_epoch=initial_epoch, simulate=simulate,
-                on_epoch_end=after_epoch, seed=FLAGS.seed)
+    _, loop_stats = loops.train(
+        strategy, model, model.optimizer, x, y, FLAGS.batch_size,
+        FLAGS.epochs, initial_epoch=initial_epoch, simulate=simulate,
+        on_epoch_end=after_epoch, seed=FLAGS.seed, on_first_step=start_clock)
   else:
     callbacks = [keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: start_clock(),
         on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
     if FLAGS.logdir:
       callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))
     model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
               initial_epoch=initial_epoch, callbacks=callbacks,
               verbose=1 if is_chief else 0)
-  wall = time.monotonic() - train_clock["start"]
+  wall = train_time()
   test_loss, accuracy = loops.evaluate(model, x_test, y_test)
-  stats = strategy.stats() if hasattr(strategy, "stats") else {}
   steps = int(model.optimizer.iterations.numpy())
-  per_worker = loops.gather_per_worker(
-      strategy, [steps, wall, stats.get("compute_s", 0.0),
-                 stats.get("wait_s", 0.0), stats.get("comm_s", 0.0),
-                 stats.get("bytes_sent", 0.0), stats.get("syncs", 0)])
+  simulated = (strategy.stats()["simulated_s"] if hasattr(strategy, "stats")
+               else loop_stats.get("simulated_s", 0.0))
+  row = _worker_numbers(strategy, model, steps - clock["steps0"], wall,
+                        simulated, real_step_s)
+  per_worker = loops.gather_per_worker(strategy, list(row.values()))
   print(f"worker {worker}/{num_workers}: test accuracy {accuracy:.4f}, loss "
         f"{test_loss:.4f}, {steps} optimizer steps, {wall:.1f} s", flush=True)
   if FLAGS.result_json and is_chief:
-    names = ["steps", "wall_time_s", "compute_s", "wait_s", "comm_s",
-             "bytes_sent", "syncs"]
     result = {
         "strategy": FLAGS.strategy, "dataset": FLAGS.dataset,
         "model": FLAGS.model, "workers": num_workers,
         "batch_size_per_worker": FLAGS.batch_size,
         "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
         "test_accuracy": accuracy, "test_loss": test_loss,
-        "wall_time_s": wall, "eval_time_s": train_clock["eval_s"],
+        "wall_time_s": wall, "eval_time_s": clock["eval_s"],
         "optimizer_step": steps, "curve": curve,
         "simulated_step_time": FLAGS.simulate_step_time or None,
-        "per_worker": [dict(zip(names, map(float, row)))
-                       for row in np.reshape(per_worker, (num_workers, -1))]}
+        "per_worker": [dict(zip(row, map(float, values))) for values in
+                       np.reshape(per_worker, (num_workers, -1))]}
     with open(FLAGS.result_json, "w") as f:
       json.dump(result, f, indent=1)
     logging.info("wrote %s", FLAGS.result_json)

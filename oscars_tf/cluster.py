@@ -161,6 +161,70 @@ def from_resolver(resolver) -> ClusterInfo:
                    source=type(resolver).__name__)
 
 
+_SLURM_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+                    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+
+
+def slurm_resolver(port_base: int = 8888):
+  """A checked `SlurmClusterResolver` for the `srun` step this task runs in.
+
+  Every task of the step is a worker (job 'worker', task = SLURM_PROCID,
+  worker 0 the chief); the tasks of a node listen on port_base, port_base+1,
+  ... TensorFlow's resolver reads SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+  SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE (it runs no command).
+
+  GPUs stay as Slurm bound them (`auto_set_gpu=False`): by default the
+  resolver rewrites CUDA_VISIBLE_DEVICES and counts GPUs with nvidia-smi
+  (failing on CPU nodes), and it lists a node's tasks only up to
+  gpus_per_node / gpus_per_task (failing for gpus_per_node=0), so it gets
+  values that list every task. Each worker uses the GPUs it can see, and
+  `num_accelerators()` (which MultiWorkerMirroredStrategy reads) reports them.
+
+  The resolver sorts node names as strings (node10 before node9) and puts
+  rank r at the r-th address; where Slurm placed rank r elsewhere
+  (SLURMD_NODENAME, SLURM_LOCALID) this fails here instead of leaving the
+  workers waiting for each other at the wrong addresses.
+  """
+  missing = [v for v in _SLURM_STEP_VARS if v not in os.environ]
+  if missing:
+    raise ClusterConfigError(
+        f"Slurm: {', '.join(missing)} not set; start each worker with srun "
+        "(a job step), not directly from the batch script.")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = len(tf.config.list_physical_devices("GPU"))  # starts no runtime
+
+  class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
+
+    def num_accelerators(self, task_type=None, task_id=None,
+                         config_proto=None):
+      del task_type, task_id, config_proto
+      return {"GPU": gpus}
+
+  try:
+    num_tasks = int(os.environ["SLURM_STEP_NUM_TASKS"])
+    resolver = SlurmResolver(
+        jobs={"worker": num_tasks}, port_base=port_base,
+        gpus_per_node=num_tasks, gpus_per_task=1, auto_set_gpu=False)
+    resolver.cluster_spec()
+  except (RuntimeError, ValueError) as e:
+    raise ClusterConfigError(f"SlurmClusterResolver: {e}") from None
+  info = from_resolver(resolver)
+  node = os.environ.get("SLURMD_NODENAME")
+  local_id = os.environ.get("SLURM_LOCALID")
+  if node and local_id is not None:
+    expected = f"{node}:{port_base + int(local_id)}"
+    if info.address != expected:
+      raise ClusterConfigError(
+          f"SlurmClusterResolver gives rank {info.task_id} the address "
+          f"{info.address}, but Slurm runs it on {node} as local task "
+          f"{local_id} ({expected}): the resolver assumes ranks fill the "
+          "nodes in name order sorted as strings, a block at a time. Use "
+          "srun --distribution=block, and node names that sort that way "
+          "(zero-padded numbers), or set TF_CONFIG per task instead "
+          "(examples/cluster/slurm_tf_config.py).")
+  return resolver
+
+
 def check_port_free(info: ClusterInfo) -> None:
   """Fails clearly when this task's port is taken, before TF binds it.
 

@@ -17,10 +17,9 @@ No TensorFlow import at module level: flags are defined (and `--help` works)
 before TensorFlow starts.
 """
 
-import os
-
 from absl import flags
 
+from oscars_tf import cluster
 from oscars_tf import schedules
 
 STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored", "multi_worker_mirrored",
@@ -105,16 +104,7 @@ def make_resolver(flag_values=FLAGS):
   """A ClusterResolver for --cluster_resolver, or None for TF_CONFIG."""
   if flag_values.cluster_resolver == "tf_config":
     return None
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  # One worker task per Slurm task; `jobs` names the job Oscars trains with.
-  tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS",
-                             os.environ.get("SLURM_NTASKS", "0")) or 0)
-  if tasks < 1:
-    raise ValueError("--cluster_resolver=slurm needs to run inside a Slurm "
-                     "job step (srun): SLURM_STEP_NUM_TASKS is not set.")
-  return tf.distribute.cluster_resolver.SlurmClusterResolver(
-      jobs={"worker": tasks}, port_base=flag_values.slurm_port,
-      gpus_per_node=0, gpus_per_task=0)
+  return cluster.slurm_resolver(port_base=flag_values.slurm_port)
 
 
 def make_strategy(flag_values=FLAGS):

@@ -50,7 +50,7 @@ class Rounds:
     self.history = []  # one dict per finished round
     self.observer = None  # called as observer(entry, table, next_plan)
     self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
-                   "bytes_sent": 0, "collectives": 0}
+                   "bytes_sent": 0, "collectives": 0, "simulated_s": 0.0}
     self.epoch_target = None     # cluster-wide steps per epoch, if planned
     self.epoch_done = 0
     self.epoch_over = False      # read by Keras' epoch loop between steps
@@ -143,6 +143,7 @@ class Rounds:
                                     now - self._t_first_step)
       if delay > 0:
         time.sleep(delay)
+        self.totals["simulated_s"] += delay
     return np.int64(0)
 
   def _on_arrive(self, step, loss):
