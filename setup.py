@@ -14,8 +14,9 @@ setuptools.setup(
     install_requires=["tensorflow>=2.16", "numpy", "absl-py", "tensorboard"],
     extras_require={
         "examples": ["scikit-learn"],
+        "benchmarks": ["scikit-learn", "matplotlib"],
         "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn",
-                 "selenium"],
+                 "selenium", "matplotlib"],
     },
     package_data={"oscars_tf.tensorboard": ["static/*.js"]},
     entry_points={

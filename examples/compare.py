@@ -57,7 +57,7 @@ def main(argv):
              _run("oscars", FLAGS.num_workers, outdir))]
   print(f"\n{FLAGS.model} on {FLAGS.dataset}, {FLAGS.epochs} epochs, "
         "per-worker batch 32")
-  print(f"{'run':32} {'test acc':>9} {'test loss':>10} {'wall s':>8} "
+  print(f"{'run':32} {'test acc':>9} {'test loss':>10} {'train s':>8} "
         f"{'steps/worker':>13}")
   for name, r in rows:
     steps = "/".join(str(int(w["steps"])) for w in r["per_worker"])

@@ -34,6 +34,14 @@ def worker_of(strategy):
   return 0, 1
 
 
+def local_replicas(strategy):
+  """Replicas on this worker (1 for the default strategy)."""
+  try:
+    return len(strategy.extended.worker_devices)
+  except RuntimeError:  # the default strategy has no worker devices
+    return 1
+
+
 def train(strategy, model, optimizer, x, y, batch_size, epochs,
           initial_epoch=0, simulate=None, on_epoch_end=None, seed=0,
           on_first_step=None):
@@ -53,7 +61,7 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
     (per-epoch mean losses, stats): stats has `steps` and `simulated_s`.
   """
   worker, num_workers = worker_of(strategy)
-  replicas = len(strategy.extended.worker_devices)
+  replicas = local_replicas(strategy)
   if batch_size % replicas:
     raise ValueError(f"batch size {batch_size} does not split evenly over "
                      f"this worker's {replicas} devices.")
@@ -162,7 +170,8 @@ def gather_per_worker(strategy, values):
   if _is_oscars(strategy):
     return [v * count for v in strategy.extended.average_numbers(
         mine.tolist())]
-  replicas = len(strategy.extended.worker_devices)
+  replicas = local_replicas(strategy)
+
   @tf.function
   def gather():
     per_replica = strategy.run(lambda: tf.constant(mine / replicas))

@@ -222,7 +222,7 @@ def main(argv):
                                                time.monotonic() - start)
     logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
 
-  replicas = len(strategy.extended.worker_devices)
+  replicas = loops.local_replicas(strategy)
   real_step_s = loops.local_step_time(model, x, y,
                                       max(FLAGS.batch_size // replicas, 1))
   loop_stats = {}
@@ -237,13 +237,15 @@ def main(argv):
   else:
     callbacks = [keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: start_clock(),
+        # Keras' own clean-up after on_train_end is not training time.
+        on_train_end=lambda logs: clock.update(end=train_time()),
         on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
     if FLAGS.logdir:
       callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))
     model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
               initial_epoch=initial_epoch, callbacks=callbacks,
               verbose=1 if is_chief else 0)
-  wall = train_time()
+  wall = clock.get("end", train_time())
   test_loss, accuracy = loops.evaluate(model, x_test, y_test)
   steps = int(model.optimizer.iterations.numpy())
   simulated = (strategy.stats()["simulated_s"] if hasattr(strategy, "stats")
@@ -263,6 +265,9 @@ def main(argv):
         "wall_time_s": wall, "eval_time_s": clock["eval_s"],
         "optimizer_step": steps, "curve": curve,
         "simulated_step_time": FLAGS.simulate_step_time or None,
+        # The chief's view of each round's plan: steps per worker.
+        "round_plans": [r["planned_all"] for r in
+                        getattr(strategy, "round_history", [])],
         "per_worker": [dict(zip(row, map(float, values))) for values in
                        np.reshape(per_worker, (num_workers, -1))]}
     with open(FLAGS.result_json, "w") as f:

@@ -321,6 +321,9 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def mark_round_start(self):
     self._rounds.mark_round_start()
 
+  def mark_first_step_done(self):
+    self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))
+
   # -- observability --------------------------------------------------------
 
   def set_logdir(self, logdir):

@@ -61,6 +61,12 @@ class AveragingCallback(keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     self._in_fit = True
+    self._first_step_done = False
+
+  def on_train_batch_end(self, batch, logs=None):
+    if not self._first_step_done:  # once per fit
+      self._first_step_done = True
+      self._extended.mark_first_step_done()
 
   def on_epoch_begin(self, epoch, logs=None):
     # Plans the epoch's last round when epochs are cluster-wide, and starts

@@ -23,6 +23,7 @@ from oscars_tf import rate_table
 from oscars_tf import scheduler
 
 ROW = len(scheduler.FIELDS)
+PUBLISH_EVERY_S = 1.0
 HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
                ("weight_in_host", tf.float32), ("is_leader", tf.bool),
                ("leaders_key", tf.int32), ("leaders_size", tf.int32),
@@ -58,6 +59,8 @@ class Rounds:
     self._t_round_start = None
     self._t_first_step = None
     self._t_arrive = self._t_table = 0.0
+    self._t_published = -math.inf
+    self._skip_steps = 0  # round 0: steps before the clock started
     self._last_sync_step = 0
     self._last_divergence = math.nan
     self._host_device = host_device
@@ -133,6 +136,13 @@ class Rounds:
     """Time from here on counts as compute (called at starts and resumes)."""
     self._t_round_start = time.monotonic()
 
+  def mark_first_step_done(self, steps):
+    """Round 0's clock restarts after the first step, which traces the
+    function: its rate is then measured, saving a second probe round."""
+    if self.round == 0:
+      self._t_round_start = time.monotonic()
+      self._skip_steps = steps
+
   def _on_step(self, step):
     """Per step, only when simulating heterogeneity: the planned sleep."""
     now = time.monotonic()
@@ -150,9 +160,12 @@ class Rounds:
     now = time.monotonic()
     steps = int(step) - self._last_sync_step
     compute = now - (self._t_round_start or now)
-    # Round 0 holds tracing and start-up: it would understate every rate.
+    # Round 0 holds tracing and start-up unless its clock restarted after
+    # the first step: it would understate every rate.
     if self.round > 0:
       self.meter.add(steps, compute)
+    elif self._skip_steps and steps > self._skip_steps:
+      self.meter.add(steps - self._skip_steps, compute)
     self.totals["compute_s"] += compute
     self._t_arrive = now
     self._arrival_steps = steps
@@ -214,7 +227,11 @@ class Rounds:
     logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                  self.me, self.round, self.plan.digest(),
                  list(self.plan.local_steps), list(self.plan.groups))
-    if self.publish:
+    # The KV table is for people and tools (plans come from the collective
+    # table), so it is refreshed at most every PUBLISH_EVERY_S: two RPCs to
+    # the coordination service per round would cost short rounds dearly.
+    if self.publish and now - self._t_published >= PUBLISH_EVERY_S:
+      self._t_published = now
       try:
         rate_table.publish(self.me, table.entries[self.me],
                            self.plan.digest())

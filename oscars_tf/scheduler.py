@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Tuple
 
 log = logging.getLogger("oscars_tf")
 
-PROBE_STEPS = 4  # steps per worker in rounds planned before any rate is known
+PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
 FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps")
 
 

@@ -59,6 +59,14 @@ def test_local_steps_follow_the_measured_rates(runs):
   assert steps[0] >= 3 * steps[3]  # the 4x worker takes far fewer steps
 
 
+def test_one_probe_round_is_enough_under_fit(runs):
+  # fit restarts round 0's clock after the first (tracing) step, so round 0
+  # measures the rates and round 1 already follows them.
+  for o in runs["oscars"].outputs:
+    k = o["rounds"][1]["planned_all"]
+    assert k[0] >= 2.5 * k[3] and k[1] >= 2.5 * k[3], k
+
+
 def test_fast_workers_barely_wait(runs):
   fractions = {name: [_wait_fraction(o["rounds"]) for o in r.outputs[:2]]
                for name, r in runs.items()}

@@ -163,3 +163,17 @@ def test_custom_loop_example_trains_two_workers_to_equal_models():
       last[worker] = float(line.split("test accuracy ")[1].split()[0])
   assert len(last) == 2 and len(set(last.values())) == 1, log[-2000:]
   assert min(last.values()) >= 0.9
+
+
+def test_compare_prints_both_runs():
+  proc = subprocess.run(
+      [sys.executable, str(EXAMPLES / "compare.py"), "--epochs=1"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=240, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  rows = [l for l in proc.stdout.splitlines()
+          if l.startswith(("no strategy", "OscarsStrategy"))]
+  assert len(rows) == 2, proc.stdout[-2000:]
+  for row in rows:
+    accuracy = float(row.split()[-4])
+    assert 0.5 < accuracy <= 1.0, row

@@ -1,0 +1,61 @@
+"""Smoke test of benchmarks/heterogeneous.py (the benchmark is not a test).
+
+Runs --quick on 2 workers with a small model and short SIMULATED steps, and
+checks that the JSON has every field with sane values and the figure exists.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import multiworker
+
+BENCHMARK = (pathlib.Path(__file__).resolve().parent.parent / "benchmarks" /
+             "heterogeneous.py")
+ROW_FIELDS = {"profile", "strategy", "period", "simulated_step_time",
+              "time_to_target_s", "accuracy_at_budget", "final_accuracy",
+              "train_time_s", "utilization", "utilization_mean",
+              "utilization_second_half_mean", "real_compute_share",
+              "bytes_sent", "collectives", "steps", "curve", "chosen"}
+
+
+def test_quick_benchmark_writes_complete_sane_results(tmp_path):
+  pytest.importorskip("matplotlib")
+  out, png = tmp_path / "het.json", tmp_path / "het.png"
+  proc = subprocess.run(
+      [sys.executable, str(BENCHMARK), "--quick", "--num_workers=2",
+       "--epochs=2", "--periods=4", "--base_step_time=5ms",
+       "--target_accuracy=0.5", "--time_budget=1", f"--result_json={out}",
+       f"--png={png}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=420, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "SIMULATED" in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["simulated"] is True
+  assert png.stat().st_size > 1000 and result["png"] == str(png)
+  rows = result["rows"]
+  assert sorted(r["strategy"] for r in rows) == sorted(
+      ["sync_tf", "sync", "local_sgd", "oscars"])
+  for r in rows:
+    assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
+    assert r["profile"] == "hetero" and "5ms*1,4" in r["simulated_step_time"]
+    assert r["train_time_s"] > 0
+    assert 0 <= r["final_accuracy"] <= 1 and 0 <= r["accuracy_at_budget"] <= 1
+    assert r["time_to_target_s"] is None or r["time_to_target_s"] > 0
+    assert len(r["utilization"]) == 2
+    assert all(0 <= u <= 1 for u in r["utilization"])
+    assert 0 <= r["utilization_mean"] <= 1
+    assert 0 <= r["real_compute_share"] <= 1
+    assert all(b > 0 for b in r["bytes_sent"])
+    assert all(c >= 1 for c in r["collectives"])
+    assert all(s > 0 for s in r["steps"])
+    assert r["curve"] and all(0 <= a <= 1 and t > 0 for t, a in r["curve"])
+  sync = next(r for r in rows if r["strategy"] == "sync_tf")
+  assert sync["steps"][0] == sync["steps"][1]  # synchronous: equal steps
+  overhead = result["overhead"]
+  assert overhead["plain_step_ms"] > 0 and overhead["overhead_ratio"] > 0
+  assert {g["goal"].split(":")[0] for g in result["goals"]} >= {"hetero"}
