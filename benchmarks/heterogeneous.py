@@ -294,6 +294,9 @@ def plot(rows, path):
     for i, r in enumerate(chosen):
       xs = [w + i * width for w in range(len(r["utilization"]))]
       ax.bar(xs, r["utilization"], width, label=r["strategy"])
+    n = len(chosen[0]["utilization"]) if chosen else 0
+    ax.set_xticks([w + 0.4 - width / 2 for w in range(n)])
+    ax.set_xticklabels([str(w) for w in range(n)])
     ax.set_xlabel("worker")
     ax.set_ylabel("utilization (compute share)")
     ax.set_ylim(0, 1)

@@ -203,7 +203,8 @@ def main(argv):
     t0 = time.monotonic()
     test_loss, accuracy = loops.evaluate(model, x_test, y_test)
     clock["eval_s"] += time.monotonic() - t0
-    curve.append({"epoch": epoch + 1, "train_time_s": train_time(),
+    clock["end"] = train_time()  # what follows the last epoch is not training
+    curve.append({"epoch": epoch + 1, "train_time_s": clock["end"],
                   "loss": float(loss), "test_accuracy": accuracy,
                   "test_loss": test_loss})
     if FLAGS.checkpoint_dir and is_chief:
@@ -237,8 +238,6 @@ def main(argv):
   else:
     callbacks = [keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: start_clock(),
-        # Keras' own clean-up after on_train_end is not training time.
-        on_train_end=lambda logs: clock.update(end=train_time()),
         on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
     if FLAGS.logdir:
       callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))

@@ -6,7 +6,10 @@ Each worker gets its own TF_CONFIG on a free loopback port (the cluster's
 gRPC is unauthenticated, so nothing listens beyond loopback unless
 --host says so). Every output line is prefixed with the worker index. When a
 worker fails, the others are stopped and the launcher exits non-zero with a
-message naming the worker; Ctrl-C stops all workers. Imports no TensorFlow.
+message naming the worker; with --restarts=K it starts all workers again
+instead, up to K times (a TF collective group cannot replace a member, so a
+dead worker is recovered by restarting the job from its last checkpoint).
+Ctrl-C stops all workers. Imports no TensorFlow.
 """
 
 import json
@@ -35,6 +38,11 @@ def define_flags():
                      lower_bound=0)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0)
+  flags.DEFINE_integer("restarts", 0, "When a worker dies or fails, stop "
+                       "the others and start all workers again, up to this "
+                       "many times (training resumes from the last averaged "
+                       "checkpoint if the workers save one, e.g. "
+                       "examples/train.py --checkpoint_dir).", lower_bound=0)
   flags.DEFINE_string("simulate_step_time", "",
                       "SIMULATED heterogeneity: a per-worker delay added to "
                       "each training step, e.g. '20ms*1,1,2,4' or "
@@ -146,6 +154,15 @@ def _signal_group(proc, sig):
       pass
 
 
+def _describe_exit(code):
+  if code is not None and code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with code {code}"
+
+
 def main(argv):
   command = argv[1:]
   if command and command[0] == "--":
@@ -163,19 +180,31 @@ def main(argv):
     for line in profile.describe(FLAGS.num_workers):
       print(f"oscars-launch: {line}", file=sys.stderr)
     env = dict(os.environ, OSCARS_SIMULATE_STEP_TIME=FLAGS.simulate_step_time)
-  job = Job(command, FLAGS.num_workers, FLAGS.host, env=env)
-  try:
-    codes, failed = job.wait(FLAGS.timeout, FLAGS.grace_seconds)
-  except KeyboardInterrupt:
-    job.stop(FLAGS.grace_seconds)
-    print("oscars-launch: interrupted; stopped all workers.", file=sys.stderr)
-    return 130
+  deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
+  for attempt in range(FLAGS.restarts + 1):
+    # A new job, on new ports: the old ones may still be in TIME_WAIT.
+    job_env = dict(os.environ if env is None else env,
+                   OSCARS_LAUNCH_ATTEMPT=str(attempt))
+    job = Job(command, FLAGS.num_workers, FLAGS.host, env=job_env)
+    left = None if deadline is None else max(deadline - time.monotonic(), 0.01)
+    try:
+      codes, failed = job.wait(left, FLAGS.grace_seconds)
+    except KeyboardInterrupt:
+      job.stop(FLAGS.grace_seconds)
+      print("oscars-launch: interrupted; stopped all workers.",
+            file=sys.stderr)
+      return 130
+    if failed is None or failed == "timeout" or attempt == FLAGS.restarts:
+      break
+    print(f"oscars-launch: worker {failed} {_describe_exit(codes[failed])}; "
+          f"stopped the others; restarting all {FLAGS.num_workers} workers "
+          f"(restart {attempt + 1} of {FLAGS.restarts}).", file=sys.stderr)
   if failed == "timeout":
     print(f"oscars-launch: job ran past --timeout={FLAGS.timeout:g}s; stopped "
           "all workers.", file=sys.stderr)
     return 124
   if failed is not None:
-    print(f"oscars-launch: worker {failed} exited with code {codes[failed]}; "
+    print(f"oscars-launch: worker {failed} {_describe_exit(codes[failed])}; "
           "stopped the other workers.", file=sys.stderr)
     return 1
   print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",

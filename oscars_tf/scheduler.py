@@ -198,16 +198,17 @@ def plan(table: StepRateTable, config, round_: int,
   median = _median(list(rates))
   stragglers = tuple(i for i, r in enumerate(rates)
                      if r < config.straggler_ratio * median)
-  # T is the fastest worker's `period` steps, so the fast workers never idle;
-  # every other worker takes k_i = floor(rate_i * T) and so arrives no later
-  # than T, idling less than one of its own steps. T never drops below one
-  # step of the slowest worker: a straggler takes one step and is waited for
-  # no longer than that.
-  time_budget = max(period / fastest, 1.0 / slowest)
-  local_steps = tuple(max(1, int(math.floor(r * time_budget * (1 + 1e-9))))
-                      for r in rates)
+  # T is about the fastest worker's `period` steps, rounded to a whole number
+  # of the slowest worker's steps; every worker takes k_i = rate_i * T to the
+  # nearest step and so arrives within half of one of its own steps of T (the
+  # slowest, at T). T never drops below one step of the slowest worker: a
+  # straggler takes one step and is waited for no longer than that.
+  time_budget = _whole_slow_steps(max(period / fastest, 1.0 / slowest),
+                                  slowest)
+  local_steps = tuple(_steps_in(r, time_budget) for r in rates)
   if len(bad) == n:  # nothing measured yet: short, equal probe rounds
     local_steps = (max(1, min(PROBE_STEPS, int(period))),) * n
+    time_budget = local_steps[0] / slowest  # all planned at the same rate
 
   since = state.rounds_since_global + 1
   global_sync = since >= state.global_every or config.grouping == "global"
@@ -262,6 +263,23 @@ def weights_and_scales(groups, local_steps, weighting):
   return tuple(weights), tuple(scales)
 
 
+def _steps_in(rate, budget):
+  """k = rate * T to the nearest step (>= 1): a worker arrives within half a
+  step of T, early or late. (Flooring would make measured rates a hair under
+  nominal cost the fast workers a whole step of idling every round.)"""
+  return max(1, int(math.floor(rate * budget + 0.5)))
+
+
+def _whole_slow_steps(budget, slowest):
+  """T rounded to a whole number of the slowest worker's steps (>= 1).
+
+  The slowest worker's k is small, so flooring rate * T would leave it idle
+  for up to one of its (long) steps every round; a budget it fills exactly
+  costs the fast workers less than one of their (short) steps instead.
+  """
+  return max(1, round(budget * slowest)) / slowest
+
+
 def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   """Shrinks `p` so the cluster's steps end the epoch with this round.
 
@@ -279,9 +297,8 @@ def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   # Shrink (or stretch) the time budget, not the step counts, so workers
   # still arrive together: k_i = floor(rate_i * T') as in a normal round.
   budget = p.time_budget * max(remaining_steps, 1) / planned
-  budget = max(budget, 1.0 / min(p.rates))
-  steps = tuple(max(1, int(math.floor(r * budget * (1 + 1e-9))))
-                for r in p.rates)
+  budget = _whole_slow_steps(max(budget, 1.0 / min(p.rates)), min(p.rates))
+  steps = tuple(_steps_in(r, budget) for r in p.rates)
   groups = (tuple(range(len(steps))),)
   weights, scales = weights_and_scales(groups, steps, weighting)
   return dataclasses.replace(

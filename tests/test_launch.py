@@ -109,3 +109,28 @@ def test_bad_simulated_step_time_is_a_usage_error():
   proc = _launch(["--num_workers", "2", "--simulate_step_time", "fast"],
                  "pass")
   assert proc.returncode != 0 and "simulate_step_time" in proc.stderr
+
+
+def test_restarts_start_every_worker_again_after_a_death():
+  # Attempt 0: worker 1 kills itself with SIGKILL while worker 0 is busy;
+  # attempt 1: both finish.
+  code = ("a = os.environ['OSCARS_LAUNCH_ATTEMPT']; print('attempt', a); "
+          "os.kill(os.getpid(), 9) if (a, i) == ('0', 1) else "
+          "time.sleep(120 if a == '0' else 0)")
+  start = time.monotonic()
+  proc = _launch(["--num_workers", "2", "--restarts", "2",
+                  "--grace_seconds", "1"], code)
+  assert proc.returncode == 0, proc.stderr
+  assert time.monotonic() - start < 30
+  assert "worker 1 was killed by SIGKILL" in proc.stderr
+  assert "restart 1 of 2" in proc.stderr
+  assert "restart 2 of 2" not in proc.stderr
+  assert proc.stdout.count("attempt 1") == 2
+
+
+def test_restarts_are_bounded():
+  proc = _launch(["--num_workers", "2", "--restarts", "1",
+                  "--grace_seconds", "1"], "sys.exit(5 if i == 0 else 0)")
+  assert proc.returncode == 1
+  assert proc.stderr.count("restarting all 2 workers") == 1
+  assert "worker 0 exited with code 5; stopped the other" in proc.stderr
