@@ -178,7 +178,16 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     return self._rounds.round_end_ops(
         step, loss, read_values=lambda: self._read(variables),
         write_values=write,
-        start=(lambda: [tf.identity(s) for s in starts]) if starts else None)
+        start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
+        reset_state=self._clear_nonfinite_slots)
+
+  def _clear_nonfinite_slots(self):
+    """A poisoned worker's optimizer slots may be NaN too: zero those."""
+    optimizer = (self._tracked or (None, None))[1]
+    slots = [c for v in getattr(optimizer, "variables", [])
+             if _is_float(v) for c in _component_variables(v)]
+    return tf.group([c.assign(tf.where(tf.math.is_finite(c), c,
+                                       tf.zeros_like(c))) for c in slots])
 
   def _outer_step(self, averaged, starts, momenta):
     """SlowMo / DiLoCo: momentum on the outer gradient start - average."""

@@ -7,7 +7,7 @@ per-step path, and never a collective of its own.
 Layout under a log directory:
   worker_<i>/        this worker's scalars: oscars/step_rate, local_steps,
                      time_budget, compute_s, wait_s, comm_s, bytes_sent,
-                     divergence, loss (x axis: round)
+                     divergence, loss, poisoned_workers (x axis: round)
   cluster/           the chief's global view: oscars/table/rate/worker_<j>,
                      oscars/table/local_steps/worker_<j>, the plan digest and
                      groups (text), stragglers
@@ -50,6 +50,9 @@ class RoundSummaries:
           tf.summary.scalar(f"oscars/{name}", float(value))
       tf.summary.scalar("oscars/bytes_sent", float(self._bytes))
       tf.summary.scalar("oscars/group", float(min(entry["group"])))
+      # Poison guard events: workers averaged without (non-finite weights).
+      tf.summary.scalar("oscars/poisoned_workers",
+                        float(len(entry.get("poisoned", ()))))
     if self.cluster_writer is None:
       return
     with self.cluster_writer.as_default(step=step):

@@ -23,6 +23,7 @@ from oscars_tf import rate_table
 from oscars_tf import scheduler
 
 ROW = len(scheduler.FIELDS)
+FIELD_HEALTHY = scheduler.FIELDS.index("healthy")
 PUBLISH_EVERY_S = 1.0
 HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
                ("weight_in_host", tf.float32), ("is_leader", tf.bool),
@@ -61,6 +62,7 @@ class Rounds:
     self._t_arrive = self._t_table = 0.0
     self._t_published = -math.inf
     self._skip_steps = 0  # round 0: steps before the clock started
+    self._poisoned = []   # workers with non-finite weights this round
     self._last_sync_step = 0
     self._last_divergence = math.nan
     self._host_device = host_device
@@ -156,7 +158,7 @@ class Rounds:
         self.totals["simulated_s"] += delay
     return np.int64(0)
 
-  def _on_arrive(self, step, loss):
+  def _on_arrive(self, step, loss, finite):
     now = time.monotonic()
     steps = int(step) - self._last_sync_step
     compute = now - (self._t_round_start or now)
@@ -173,12 +175,29 @@ class Rounds:
     row = np.full([self.n * ROW], 0.0)
     row[self.me * ROW:(self.me + 1) * ROW] = [
         self.meter.rate, self.round, float(loss), self._last_divergence,
-        float(self.learning_rate_fn()), steps]
+        float(self.learning_rate_fn()), steps, float(bool(finite))]
     return row
 
-  def _on_table(self):
+  def _on_table(self, table_vec):
+    """After the table: this worker's weight with poisoned members left out
+    (see scheduler.healthy_weight), and whether it is poisoned itself."""
     self._t_table = time.monotonic()
-    return np.int64(0)
+    rows = np.asarray(table_vec).reshape(self.n, ROW)
+    healthy = [row[FIELD_HEALTHY] > 0.5 for row in rows]
+    self._poisoned = [j for j, ok in enumerate(healthy) if not ok]
+    if self._poisoned:
+      logging.warning(
+          "oscars_tf: worker %d round %d: worker(s) %s have non-finite "
+          "weights; averaging without them, and they take the group's model",
+          self.me, self.round, self._poisoned)
+    weight = scheduler.healthy_weight(self.plan, self.me, healthy)
+    group = self.plan.group_of(self.me)
+    if not any(healthy[j] for j in group):
+      logging.error("oscars_tf: worker %d round %d: every member of group %s "
+                    "has non-finite weights: training diverged (try a lower "
+                    "learning rate).", self.me, self.round, list(group))
+      return np.float32(weight), np.bool_(False)
+    return np.float32(weight), np.bool_(not healthy[self.me])
 
   def _on_averaged(self, table_vec, divergence, step, bytes_sent):
     now = time.monotonic()
@@ -205,6 +224,7 @@ class Rounds:
         "table_rates": [e.rate for e in table.entries],
         "time_budget": self.plan.time_budget, "end_step": int(step),
         "stragglers": list(self.plan.stragglers), "bytes_sent": int(bytes_sent),
+        "poisoned": list(self._poisoned),
         "groups": [list(g) for g in self.plan.groups],
         "planned_all": list(self.plan.local_steps)})
     self.round += 1
@@ -271,7 +291,8 @@ class Rounds:
         return self.local_step.assign_add(1)
     return self.local_step.assign_add(1)
 
-  def round_end_ops(self, step, loss, read_values, write_values, start=None):
+  def round_end_ops(self, step, loss, read_values, write_values, start=None,
+                    reset_state=None):
     """Ops of an averaging point (see module docstring).
 
     Args:
@@ -280,28 +301,40 @@ class Rounds:
       read_values: () -> list of tensors, this worker's current values.
       write_values: (list of tensors) -> op assigning the averaged values.
       start: for FedNova weighting, () -> list of round-start values.
+      reset_state: () -> op, run on a poisoned worker after it took the
+        group's model (e.g. clearing non-finite optimizer slots).
     """
-    row = tf.py_function(self._on_arrive, [step, tf.cast(loss, tf.float64)],
+    values = read_values()
+    # Poison guard: a worker whose weights are not all finite says so in the
+    # table; it then contributes zeros (NaN * 0 is NaN) with weight 0, the
+    # others renormalize, and it takes the group's average like everyone.
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                            for v in values])
+    row = tf.py_function(self._on_arrive,
+                         [step, tf.cast(loss, tf.float64), finite],
                          tf.float64)
     row.set_shape([self.n * ROW])
     table = self._table_averager.weighted_sum([row], 1.0, role="table")[0]
     with tf.control_dependencies([table]):
-      marked = tf.py_function(self._on_table, [], tf.int64)
-    with tf.control_dependencies([marked]):
-      values = read_values()
+      weight, poisoned = tf.py_function(self._on_table, [table],
+                                        [tf.float32, tf.bool])
+    weight.set_shape([])
+    poisoned.set_shape([])
+    with tf.control_dependencies([weight, poisoned]):
       if start is not None:
         begin = start()
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
                   for v, b in zip(values, begin)]
+      values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
       sent = averaging.packed_bytes(values)
 
       def together():
         if self._per_group:
           return self._group_averager.weighted_sum(
-              values, self.weight, self.group_size, self.group_key,
+              values, weight, self.group_size, self.group_key,
               self.use_nccl)
         return self._group_averager.weighted_sum(
-            values, self.weight, group_size=self.group_size,
+            values, weight, group_size=self.group_size,
             group_key=self.group_key)
 
       def hierarchical():
@@ -313,8 +346,13 @@ class Rounds:
         together = lambda: tf.cond(self.is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
       averaged = tf.cond(self.group_size > 1, together,
                          lambda: [tf.identity(v) for v in values])
-      divergence = _relative_distance(values, averaged)
-    with tf.control_dependencies([write_values(averaged)]):
+      divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
+                            _relative_distance(values, averaged))
+    written = write_values(averaged)
+    if reset_state is not None:
+      with tf.control_dependencies([written]):
+        written = tf.cond(poisoned, reset_state, tf.no_op)
+    with tf.control_dependencies([written]):
       outs = tf.py_function(self._on_averaged,
                             [table, divergence, step, sent],
                             [tf.int64, tf.int32, tf.int32, tf.float32,

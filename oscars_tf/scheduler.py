@@ -21,7 +21,8 @@ from typing import Optional, Sequence, Tuple
 log = logging.getLogger("oscars_tf")
 
 PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
-FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps")
+FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
+          "healthy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TableEntry:
   divergence: float = math.nan     # distance from the group mean / its norm
   learning_rate: float = math.nan  # the optimizer's learning rate then
   steps: int = 0                   # local steps it ran in that round
+  healthy: bool = True             # its weights were all finite then
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +52,11 @@ class StepRateTable:
     """From a sequence of per-worker sequences in FIELDS order."""
     entries = []
     for row in rows:
-      rate, rnd, loss, div, lr, steps = (float(x) for x in row)
+      rate, rnd, loss, div, lr, steps, healthy = (float(x) for x in row)
       entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
                                 loss, div, lr,
-                                int(steps) if math.isfinite(steps) else 0))
+                                int(steps) if math.isfinite(steps) else 0,
+                                healthy > 0.5))
     return cls(tuple(entries), tuple(hosts))
 
   @property
@@ -261,6 +264,20 @@ def weights_and_scales(groups, local_steps, weighting):
       for i in g:
         scales[i] = tau / local_steps[i]
   return tuple(weights), tuple(scales)
+
+
+def healthy_weight(plan: Plan, me: int, healthy) -> float:
+  """`me`'s averaging weight with unhealthy (non-finite) members left out.
+
+  A poisoned member contributes nothing, and the healthy members of its
+  group share its weight in proportion to their own, so the group's
+  average is the average of its healthy models. A group with no healthy
+  member keeps its weights (there is nothing sound to average).
+  """
+  total = sum(plan.weights[j] for j in plan.group_of(me) if healthy[j])
+  if total <= 0:
+    return plan.weights[me]
+  return plan.weights[me] / total if healthy[me] else 0.0
 
 
 def _steps_in(rate, budget):

@@ -186,3 +186,21 @@ def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
   assert last.time_budget == pytest.approx(0.2)
   for k, r in zip(last.local_steps, last.rates):
     assert abs(k / r - last.time_budget) <= 0.5 / r * (1 + 1e-6)
+
+
+def test_poisoned_members_get_no_weight_and_the_rest_renormalize():
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+      ("h",) * 4)
+  p = schedules.Adaptive(initial_period=16, grouping="global").plan(table, 4)
+  healthy = [True, False, True, True]
+  weights = [scheduler.healthy_weight(p, i, healthy) for i in range(4)]
+  assert weights[1] == 0.0
+  assert sum(weights) == pytest.approx(1.0)
+  # The healthy members keep their relative weights.
+  assert weights[0] / weights[2] == pytest.approx(p.weights[0] / p.weights[2])
+  # Nobody healthy in the group: the weights stay (nothing sound to average).
+  assert scheduler.healthy_weight(p, 0, [False] * 4) == p.weights[0]
+  rows = [[40.0, 3, 1.0, 0.0, 0.1, 16, 1.0], [40.0, 3, 1.0, 0.0, 0.1, 16, 0.0]]
+  parsed = scheduler.StepRateTable.from_rows(rows, ("h", "h"))
+  assert [e.healthy for e in parsed.entries] == [True, False]

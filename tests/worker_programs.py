@@ -102,6 +102,9 @@ def fit(params):
         raise RuntimeError(f"injected failure on worker {me}")
       if params.get("stop_all_at_epoch") == epoch:
         raise KeyboardInterrupt("planned stop of every worker")
+      if params.get("poison_at_epoch") == [me, epoch]:  # inject NaN weights
+        kernel = self.model.trainable_weights[0]
+        kernel.assign(np.full(kernel.shape, np.nan, np.float32))
 
     def on_epoch_end(self, epoch, logs=None):
       epoch_ends.append([time.perf_counter() - fit_start[0],
