@@ -174,6 +174,7 @@ def _prepare_fit(model, extended, args):
     for cb in args["callbacks"] or []:
       if isinstance(cb, keras.callbacks.TensorBoard):
         extended.set_logdir(cb.log_dir)
+  _check_has_samples(args["x"], info.num_workers)
   if not info.is_multi_worker:
     return args
   w, i = info.num_workers, info.worker_index
@@ -212,6 +213,24 @@ def _prepare_fit(model, extended, args):
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(list(args["callbacks"] or []), info)
   return args
+
+
+def _check_has_samples(x, num_workers):
+  """Empty training data would stop a worker deep inside Keras' iterator
+  (a bare StopIteration) while its peers wait for it: fail clearly here."""
+  if _is_array_like(x):
+    n = len(tf.nest.flatten(x)[0])
+  elif isinstance(x, tf.data.Dataset) and int(x.cardinality()) >= 0:
+    n = int(x.cardinality())
+  else:
+    return
+  if n == 0:
+    raise ValueError("oscars_tf: `fit` got no training data (0 samples or "
+                     "batches); every worker needs at least one batch.")
+  if n < num_workers:
+    raise ValueError(f"oscars_tf: `fit` got {n} training sample(s) or "
+                     f"batch(es) for {num_workers} workers; each worker needs "
+                     "at least one.")
 
 
 def _worker_callbacks(callbacks, info):

@@ -29,7 +29,9 @@ def _setup(params):
       cluster_resolver=resolver,
       schedule=(oscars_tf.schedules.Adaptive(**params["adaptive"])
                 if "adaptive" in params else
-                oscars_tf.schedules.Fixed(params.get("every", 4))),
+                oscars_tf.schedules.Fixed(params.get("every", 4) + (
+                    1 if params.get("odd_schedule_worker") ==
+                    _task_index() else 0))),
       devices=devices, collective_timeout=params.get("timeout", 60),
       optimizer_state=params.get("optimizer_state", "local"),
       simulate_step_time=params.get("simulate", ""))
@@ -40,6 +42,11 @@ def _setup(params):
   return strategy
 
 
+def _task_index():
+  return json.loads(os.environ.get("TF_CONFIG", "{}") or "{}").get(
+      "task", {}).get("index", 0)
+
+
 def _write(params, strategy, result):
   path = os.path.join(params["outdir"], f"worker_{strategy.worker_index}.json")
   with open(path + ".tmp", "w") as f:
@@ -47,11 +54,12 @@ def _write(params, strategy, result):
   os.replace(path + ".tmp", path)
 
 
-def _mlp(params, hidden=64):
+def _mlp(params, hidden=64, dtype=None):
   import keras  # pylint: disable=g-import-not-at-top
   model = keras.Sequential([
-      keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
-      keras.layers.Dense(10)])
+      keras.Input((64,)),
+      keras.layers.Dense(hidden, activation="relu", dtype=dtype),
+      keras.layers.Dense(10, dtype=dtype)])
   opt = (keras.optimizers.Adam(params.get("lr", 0.01))
          if params.get("optimizer") == "adam"
          else keras.optimizers.SGD(params.get("lr", 0.1)))
@@ -82,11 +90,15 @@ def fit(params):
   import keras  # pylint: disable=g-import-not-at-top
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
   (x, y), (xt, yt) = data.digits()
-  hidden = params.get("hidden", 64)
+  hidden, dtype = params.get("hidden", 64), None
   if strategy.worker_index == params.get("odd_worker", -1):
     hidden = hidden // 2
+  if strategy.worker_index == params.get("odd_dtype_worker", -1):
+    dtype = "float64"
+  if params.get("empty_data"):
+    x, y = x[:0], y[:0]
   with strategy.scope():
-    model = _mlp(params, hidden)
+    model = _mlp(params, hidden, dtype)
   me = strategy.worker_index
   records, step_times, gaps, epoch_ends = [], [], [], []
   fit_start = [time.perf_counter()]
