@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from oscars_tf import checkpoint
 from oscars_tf import data
 from oscars_tf import flags as oscars_flags
 
@@ -48,8 +49,6 @@ flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch; resume "
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
 FLAGS = flags.FLAGS
 
-# Checkpoint files: the weights (model and optimizer) and the epoch done.
-WEIGHTS, STATE = "last.weights.h5", "last.json"
 
 
 @flags.multi_flags_validator(
@@ -92,35 +91,6 @@ def _optimizer(keras):
   momentum = 0.9 if FLAGS.optimizer == "momentum" else 0.0
   return keras.optimizers.SGD(FLAGS.learning_rate, momentum=momentum,
                               nesterov=momentum > 0)
-
-
-def _restore(model, strategy):
-  """Loads the last checkpoint of --checkpoint_dir; returns its epoch."""
-  path = FLAGS.checkpoint_dir
-  if not path or not os.path.exists(os.path.join(path, STATE)):
-    return 0
-  with open(os.path.join(path, STATE)) as f:
-    state = json.load(f)
-  with strategy.scope():  # slots must exist before their values load
-    model.optimizer.build(model.trainable_variables)
-  model.load_weights(os.path.join(path, WEIGHTS))
-  logging.info("resumed from %s: epoch %d, optimizer step %d", path,
-               state["epoch"], int(model.optimizer.iterations.numpy()))
-  return int(state["epoch"])
-
-
-def _save(model, epoch):
-  """Writes the checkpoint atomically: a crash leaves the previous one."""
-  path = FLAGS.checkpoint_dir
-  os.makedirs(path, exist_ok=True)
-  tmp = os.path.join(path, f".tmp-{os.getpid()}")
-  model.save_weights(tmp + ".weights.h5")
-  with open(tmp + ".json", "w") as f:
-    json.dump({"epoch": epoch,
-               "optimizer_step": int(model.optimizer.iterations.numpy())}, f)
-  # Weights first, then the state that points at them.
-  os.replace(tmp + ".weights.h5", os.path.join(path, WEIGHTS))
-  os.replace(tmp + ".json", os.path.join(path, STATE))
 
 
 def _worker_numbers(strategy, model, steps, train_time, simulated_s,
@@ -182,7 +152,11 @@ def main(argv):
     model.compile(optimizer=_optimizer(keras),
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True), metrics=["accuracy"])
-  initial_epoch = _restore(model, strategy)
+  initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
+  if initial_epoch:
+    logging.info("resumed from %s at epoch %d, optimizer step %d",
+                 FLAGS.checkpoint_dir, initial_epoch,
+                 int(model.optimizer.iterations.numpy()))
 
   # Training time starts after the first step: tracing and the initial
   # broadcast are start-up, the same for every strategy, not training.
@@ -208,7 +182,7 @@ def main(argv):
                   "loss": float(loss), "test_accuracy": accuracy,
                   "test_loss": test_loss})
     if FLAGS.checkpoint_dir and is_chief:
-      _save(model, epoch + 1)
+      checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1)
     if not is_chief or _uses_custom_loop():
       print(f"worker {worker}/{num_workers} epoch {epoch + 1}/{FLAGS.epochs}:"
             f" loss {loss:.4f}, test accuracy {accuracy:.4f}, "
