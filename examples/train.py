@@ -76,15 +76,6 @@ def _uses_custom_loop():
       FLAGS.loop == "auto" and FLAGS.strategy == "multi_worker_mirrored")
 
 
-def _worker_of(strategy):
-  """(index, count, is_chief) of this worker under any strategy."""
-  if hasattr(strategy, "worker_index"):
-    return strategy.worker_index, strategy.num_workers, strategy.is_chief
-  import loops  # pylint: disable=g-import-not-at-top
-  index, count = loops.worker_of(strategy)
-  return index, count, index == 0
-
-
 def _optimizer(keras):
   if FLAGS.optimizer == "adam":
     return keras.optimizers.Adam(FLAGS.learning_rate)
@@ -142,7 +133,8 @@ def main(argv):
                                          **kwargs)
   except (data.DatasetUnavailableError, ImportError) as e:
     sys.exit(f"train.py: --dataset={FLAGS.dataset}: {e}")
-  worker, num_workers, is_chief = _worker_of(strategy)
+  worker, num_workers = loops.worker_of(strategy)
+  is_chief = worker == 0
   keras.utils.set_random_seed(FLAGS.seed)
   with strategy.scope():
     try:

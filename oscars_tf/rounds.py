@@ -81,7 +81,7 @@ class Rounds:
         averaging.GroupAverager(self.n, self._global_key, averaging_device,
                                 communication, timeout))
     with tf.device(host_device), tf.init_scope():
-      k, key, size, weight, scale, nccl, whole = self._my_part(self.plan, 0)
+      k, key, size, scale, nccl, whole = self._my_part(self.plan, 0)
       self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="oscars_local_step")
       self.next_sync = tf.Variable(k, dtype=tf.int64, trainable=False,
@@ -92,7 +92,6 @@ class Rounds:
                                name="oscars_syncs")
       self.group_key = tf.Variable(key, dtype=tf.int32, trainable=False)
       self.group_size = tf.Variable(size, dtype=tf.int32, trainable=False)
-      self.weight = tf.Variable(weight, dtype=tf.float32, trainable=False)
       self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
       self.use_nccl = tf.Variable(nccl, dtype=tf.bool, trainable=False)
       self.is_global = tf.Variable(whole, dtype=tf.bool, trainable=False)
@@ -109,8 +108,8 @@ class Rounds:
     group = plan.group_of(self.me)
     one_host = len({self.hosts[i] for i in group}) == 1
     return (step + plan.local_steps[self.me], averaging.group_key_for(group),
-            len(group), plan.weights[self.me], plan.update_scales[self.me],
-            one_host, plan.global_sync)
+            len(group), plan.update_scales[self.me], one_host,
+            plan.global_sync)
 
   def _hier_part(self, plan):
     """Hierarchical-sync numbers of this worker (meaningful when global)."""
@@ -125,9 +124,9 @@ class Rounds:
 
   def _assign_plan(self, step):
     """Eagerly points the plan variables at `self.plan` (epoch starts)."""
-    k, key, size, weight, scale, nccl, whole = self._my_part(self.plan, step)
+    k, key, size, scale, nccl, whole = self._my_part(self.plan, step)
     for var, value in ((self.next_sync, k), (self.group_key, key),
-                       (self.group_size, size), (self.weight, weight),
+                       (self.group_size, size),
                        (self.scale, scale), (self.use_nccl, nccl),
                        (self.is_global, whole)):
       var.assign(value)
@@ -259,10 +258,9 @@ class Rounds:
         logging.warning("oscars_tf: could not publish the rate row: %s", e)
     self._last_sync_step = int(step)
     self._t_round_start = time.monotonic()
-    k, key, size, weight, scale, nccl, whole = self._my_part(self.plan,
-                                                              int(step))
+    k, key, size, scale, nccl, whole = self._my_part(self.plan, int(step))
     hier = self._hier_part(self.plan)
-    return (np.int64(k), np.int32(key), np.int32(size), np.float32(weight),
+    return (np.int64(k), np.int32(key), np.int32(size),
             np.float32(scale), np.bool_(nccl), np.bool_(whole),
             *(np.dtype(d.as_numpy_dtype).type(v)
               for (_, d), v in zip(HIER_FIELDS, hier)))
@@ -356,17 +354,16 @@ class Rounds:
       outs = tf.py_function(self._on_averaged,
                             [table, divergence, step, sent],
                             [tf.int64, tf.int32, tf.int32, tf.float32,
-                             tf.float32, tf.bool, tf.bool] +
+                             tf.bool, tf.bool] +
                             [d for _, d in HIER_FIELDS])
     updates = [self.next_sync.assign(tf.reshape(outs[0], [])),
                self.group_key.assign(tf.reshape(outs[1], [])),
                self.group_size.assign(tf.reshape(outs[2], [])),
-               self.weight.assign(tf.reshape(outs[3], [])),
-               self.scale.assign(tf.reshape(outs[4], [])),
-               self.use_nccl.assign(tf.reshape(outs[5], [])),
-               self.is_global.assign(tf.reshape(outs[6], [])),
+               self.scale.assign(tf.reshape(outs[3], [])),
+               self.use_nccl.assign(tf.reshape(outs[4], [])),
+               self.is_global.assign(tf.reshape(outs[5], [])),
                *(self.hier[name].assign(tf.reshape(out, []))
-                 for (name, _), out in zip(HIER_FIELDS, outs[7:])),
+                 for (name, _), out in zip(HIER_FIELDS, outs[6:])),
                self.last_sync_step.assign(step),
                self.syncs.assign_add(1)]
     return tf.group(updates)
