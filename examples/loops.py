@@ -160,7 +160,7 @@ def evaluate(model, x, y, batch_size=512):
 
 def gather_per_worker(strategy, values):
   """Every worker's `values`, concatenated in worker order (a collective:
-  all workers call it at the same point)."""
+  all workers call it at the same point; a dropped worker's are zeros)."""
   worker, count = worker_of(strategy)
   k = len(values)
   mine = np.zeros(count * k)
@@ -168,7 +168,8 @@ def gather_per_worker(strategy, values):
   if count == 1:
     return mine.tolist()
   if _is_oscars(strategy):
-    return [v * count for v in strategy.extended.average_numbers(
+    members = len(strategy.members)
+    return [v * members for v in strategy.extended.average_numbers(
         mine.tolist())]
   replicas = local_replicas(strategy)
 

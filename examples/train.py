@@ -233,6 +233,17 @@ def main(argv):
         # The chief's view of each round's plan: steps per worker.
         "round_plans": [r["planned_all"] for r in
                         getattr(strategy, "round_history", [])],
+        # Workers dropped (dead, stalled, cut off) or back, by round.
+        "membership": [{k: r[k] for k in ("round", "arrived_at", "wait_s",
+                                          "members", "dropped", "rejoined")}
+                       for r in getattr(strategy, "round_history", [])
+                       if r.get("dropped") or r.get("rejoined")],
+        "final_members": list(getattr(strategy, "members",
+                                      range(num_workers))),
+        # The chief's rounds: when it arrived, its steps, its wait.
+        "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
+                                      "wait_s", "members")}
+                   for r in getattr(strategy, "round_history", [])],
         "per_worker": [dict(zip(row, map(float, values))) for values in
                        np.reshape(per_worker, (num_workers, -1))]}
     with open(FLAGS.result_json, "w") as f:

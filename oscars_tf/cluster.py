@@ -234,6 +234,9 @@ def check_port_free(info: ClusterInfo) -> None:
   _, _, port = info.address.rpartition(":")
   for family, host in ((socket.AF_INET, "0.0.0.0"),):
     with socket.socket(family, socket.SOCK_STREAM) as s:
+      # As a server does: a port whose last connections linger in TIME_WAIT
+      # (a worker just restarted) is free; one with a listener is not.
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
       try:
         s.bind((host, int(port)))
       except OSError as e:

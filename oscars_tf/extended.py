@@ -24,6 +24,7 @@ from tensorflow.python.distribute import mirrored_strategy
 
 from oscars_tf import averaging
 from oscars_tf import inputs
+from oscars_tf import membership as membership_lib
 from oscars_tf import replicas
 from oscars_tf import rounds as rounds_lib
 from oscars_tf import schedules as schedules_lib
@@ -41,7 +42,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
 
   def __init__(self, container, info, devices, schedule, optimizer_state,
                communication, collective_timeout, local_replicas="mirrored",
-               simulate=None, outer_optimizer=None):
+               simulate=None, outer_optimizer=None, straggler_timeout=60.0):
     self._cluster = info
     self._outer = outer_optimizer
     self._local_sgd = local_replicas == "local_sgd"
@@ -66,7 +67,11 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     self._rounds = rounds_lib.Rounds(
         info, schedule, self._host, averaging_device, self._communication,
         collective_timeout, learning_rate_fn=self._learning_rate,
-        simulate=simulate, per_group_nccl=per_group_nccl)
+        simulate=simulate, per_group_nccl=per_group_nccl,
+        membership=membership_lib.Membership(
+            membership_lib.ContextStore(), info.worker_index,
+            info.num_workers, straggler_timeout, collective_timeout)
+        if info.is_multi_worker else None)
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user
@@ -168,9 +173,9 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     starts = self._round_starts.get(key)
     outer = self._outer_state.get(key)
 
-    def write(values):
+    def write(values, is_global):
       if outer:  # at global syncs the averaged update takes an outer step
-        values = tf.cond(self._rounds.is_global,
+        values = tf.cond(is_global,
                          lambda: self._outer_step(values, *outer),
                          lambda: [tf.identity(v) for v in values])
       return self._write(variables, values, starts)
@@ -330,6 +335,15 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def mark_round_start(self):
     self._rounds.mark_round_start()
 
+  def end_training(self):
+    """The chief tells workers still dropped that training is over."""
+    if self._rounds.membership is not None:
+      try:
+        self._rounds.membership.finish(self._rounds.round)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("oscars_tf: could not mark the end of training: %s",
+                        e)
+
   def mark_first_step_done(self):
     self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))
 
@@ -357,8 +371,10 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     return (self._cluster.is_multi_worker and
             isinstance(self._schedule, schedules_lib.Adaptive))
 
-  def begin_epoch(self):
+  def begin_epoch(self, epoch=None):
     """Keras epoch start: plan the epoch's end if it is cluster-wide."""
+    if epoch is not None:
+      self._rounds.epoch_index = epoch
     self._rounds.begin_epoch(getattr(self, "_epoch_target", None))
     self._rounds.mark_round_start()
 
@@ -372,6 +388,11 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
                               -(-cluster_steps // self._cluster.num_workers))
     self.begin_epoch()
 
+  def cluster_epoch(self, epoch):
+    """The cluster's number for this worker's `epoch` (they differ after
+    the worker was dropped and rejoined: it missed epochs)."""
+    return epoch + self._rounds.epoch_offset
+
   def custom_epoch_over(self):
     end = getattr(self, "_epoch_end_step", None)
     if end is None:
@@ -383,9 +404,12 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     if not self._cluster.is_multi_worker or not numbers:
       return list(numbers)
     vec = tf.constant(numbers, tf.float64)
+    members = self._rounds.members  # workers dropped earlier are not there
     out = self._collective_or_timeout(
         lambda: self._averager.weighted_sum(
-            [vec], 1.0 / self._cluster.num_workers, role="logs",
+            [vec], 1.0 / len(members), role="logs",
+            group_size=len(members),
+            group_key=averaging.group_key_for(members),
             instance_offset=(len(numbers) % 1000) * 1024)[0],
         "an epoch end")
     return [float(x) for x in out.numpy()]

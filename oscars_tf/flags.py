@@ -59,6 +59,10 @@ flags.DEFINE_enum("communication", "auto", ["auto", "ring", "nccl"],
                   "Collective implementation for averaging.")
 flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
                    "an averaging point before failing.", lower_bound=1e-3)
+flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
+                   "round end for a late worker before dropping it from the "
+                   "round (default: 60, or --collective_timeout if shorter).",
+                   lower_bound=1e-3)
 flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
                    "momentum in [0, 1) on the averaged model at global syncs.",
                    lower_bound=0.0, upper_bound=0.999)
@@ -125,5 +129,6 @@ def make_strategy(flag_values=FLAGS):
       schedule=make_schedule(f), cluster_resolver=resolver,
       optimizer_state=f.optimizer_state, communication=f.communication,
       collective_timeout=f.collective_timeout,
+      straggler_timeout=f.straggler_timeout,
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
       logdir=f.logdir)

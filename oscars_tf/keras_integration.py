@@ -72,7 +72,7 @@ class AveragingCallback(keras.callbacks.Callback):
     # Plans the epoch's last round when epochs are cluster-wide, and starts
     # the compute clock (validation and callbacks since the last round end
     # are not compute).
-    self._extended.begin_epoch()
+    self._extended.begin_epoch(epoch)
 
   def on_test_begin(self, logs=None):
     if self._in_fit:  # validation inside fit: evaluate the averaged model
@@ -86,9 +86,14 @@ class AveragingCallback(keras.callbacks.Callback):
                     (hasattr(v, "shape") and not v.shape))
       means = self._extended.average_numbers([float(logs[k]) for k in keys])
       logs.update(zip(keys, means))
+    # A worker that rejoined after a stall missed epochs: it stops with the
+    # others, at the cluster's last epoch, not at its own.
+    if self._extended.cluster_epoch(epoch) >= self.params["epochs"] - 1:
+      self.model.stop_training = True
 
   def on_train_end(self, logs=None):
     self._extended.sync_now()
+    self._extended.end_training()
     self._extended.finish_logs()
     self._in_fit = False
 

@@ -38,10 +38,16 @@ def define_flags():
                      lower_bound=0)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0)
-  flags.DEFINE_integer("restarts", 0, "When a worker dies or fails, stop "
-                       "the others and start all workers again, up to this "
-                       "many times (training resumes from the last averaged "
-                       "checkpoint if the workers save one, e.g. "
+  flags.DEFINE_boolean("keep_going", True, "When a worker other than the "
+                       "chief is killed by a signal, the others drop it and "
+                       "finish training without it (OscarsStrategy's "
+                       "straggler_timeout). With --nokeep_going, any death "
+                       "stops the job.")
+  flags.DEFINE_integer("restarts", 0, "When the chief dies, or a worker "
+                       "fails with an error (or dies, with --nokeep_going), "
+                       "stop the others and start all workers again, up to "
+                       "this many times (training resumes from the last "
+                       "averaged checkpoint if the workers save one, e.g. "
                        "examples/train.py --checkpoint_dir).", lower_bound=0)
   flags.DEFINE_string("simulate_step_time", "",
                       "SIMULATED heterogeneity: a per-worker delay added to "
@@ -108,21 +114,34 @@ class Job:
       self.procs.append(p)
       self._threads.append(t)
 
-  def wait(self, timeout=None, grace=10.0, poll=0.05):
+  def wait(self, timeout=None, grace=10.0, poll=0.05, keep_going=False):
     """Waits for all workers; returns (exit codes, failed index or None).
 
     The first worker to exit non-zero ends the job: the others get SIGTERM,
-    then SIGKILL after `grace` seconds.
+    then SIGKILL after `grace` seconds. With `keep_going`, a worker other
+    than the chief that is killed by a signal (SIGKILL, an OOM kill, a
+    crash) is *lost* instead: the others drop it at their next round end and
+    go on (see `lost`). A worker that exits with an error code still ends
+    the job, since that is a bug or a bad input every worker may share.
     """
     deadline = None if not timeout else time.monotonic() + timeout
     failed = None
+    self.lost = {}  # worker -> (exit code, seconds since start)
+    t0 = time.monotonic()
     while True:
       codes = [p.poll() for p in self.procs]
-      bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+      for i, c in enumerate(codes):
+        if (keep_going and i > 0 and c is not None and c < 0 and
+            i not in self.lost):
+          self.lost[i] = (c, time.monotonic() - t0)
+          print(f"oscars-launch: worker {i} {_describe_exit(c)}; the others "
+                "go on without it.", file=sys.stderr)
+      bad = [i for i, c in enumerate(codes)
+             if c not in (None, 0) and i not in self.lost]
       if bad:
         failed = bad[0]
         break
-      if all(c == 0 for c in codes):
+      if all(c == 0 or i in self.lost for i, c in enumerate(codes)):
         break
       if deadline and time.monotonic() > deadline:
         failed = "timeout"
@@ -188,7 +207,8 @@ def main(argv):
     job = Job(command, FLAGS.num_workers, FLAGS.host, env=job_env)
     left = None if deadline is None else max(deadline - time.monotonic(), 0.01)
     try:
-      codes, failed = job.wait(left, FLAGS.grace_seconds)
+      codes, failed = job.wait(left, FLAGS.grace_seconds,
+                               keep_going=FLAGS.keep_going)
     except KeyboardInterrupt:
       job.stop(FLAGS.grace_seconds)
       print("oscars-launch: interrupted; stopped all workers.",
@@ -207,6 +227,10 @@ def main(argv):
     print(f"oscars-launch: worker {failed} {_describe_exit(codes[failed])}; "
           "stopped the other workers.", file=sys.stderr)
     return 1
+  if job.lost:
+    print(f"oscars-launch: the job finished without worker(s) "
+          f"{sorted(job.lost)}, lost during training.", file=sys.stderr)
+    return 0
   print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",
         file=sys.stderr)
   return 0

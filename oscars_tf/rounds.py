@@ -1,16 +1,20 @@
 """Round bookkeeping of one worker: counters, timing, table, plan.
 
 A round ends at an averaging point. There, in this order:
-  1. the worker measures its compute rate for the round (waits excluded);
-  2. one tiny collective over all workers sums everyone's table row, so every
-     worker holds the same table snapshot (it travels with the averaging);
-  3. the model is averaged inside this round's group (group key, size and
-     weight come from the plan, as tensors, so one op serves every group);
-  4. every worker plans the next round from the same snapshot — the same
-     plan everywhere, with no leader — and logs its digest.
-Steps 1 and 4 are Python (`tf.py_function`), only at averaging points.
+  1. the worker measures its compute rate for the round (waits excluded)
+     and exchanges table rows through the coordination service: the chief
+     decides the round's members — a worker not there within the straggler
+     timeout is dropped — and every member reads the same decision, so all
+     hold the same table snapshot (see membership.py);
+  2. the model is averaged inside this round's group, restricted to the
+     members (group key, size and weight are tensors, so one op serves
+     every group);
+  3. every member plans the next round from the same snapshot — the same
+     plan everywhere — and logs its digest.
+Steps 1 and 3 are Python (`tf.py_function`), only at averaging points.
 """
 
+import dataclasses
 import math
 import time
 
@@ -19,6 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from oscars_tf import averaging
+from oscars_tf import membership as membership_lib
 from oscars_tf import rate_table
 from oscars_tf import scheduler
 
@@ -36,7 +41,8 @@ class Rounds:
 
   def __init__(self, info, schedule, host_device, averaging_device,
                communication, timeout, learning_rate_fn=None,
-               simulate=None, publish=True, per_group_nccl=False):
+               simulate=None, publish=True, per_group_nccl=False,
+               membership=None):
     self.me = info.worker_index
     self.n = info.num_workers
     self.hosts = tuple(a.rpartition(":")[0] for _, _, a in info.workers)
@@ -56,6 +62,9 @@ class Rounds:
     self.epoch_target = None     # cluster-wide steps per epoch, if planned
     self.epoch_done = 0
     self.epoch_over = False      # read by Keras' epoch loop between steps
+    self.epoch_index = 0         # this worker's epoch (Keras' numbering)
+    self.epoch_offset = 0        # the cluster's epoch less this worker's:
+                                 # > 0 after it rejoined (it missed some)
     self._weighting = getattr(schedule, "weighting", "work")
     self._t_round_start = None
     self._t_first_step = None
@@ -67,8 +76,10 @@ class Rounds:
     self._last_divergence = math.nan
     self._host_device = host_device
     self._global_key = averaging.group_key_for(range(self.n))
-    self._table_averager = averaging.GroupAverager(
-        self.n, self._global_key, host_device, "RING", timeout)
+    # Multi-worker: who is in each round (None: one worker, always alone).
+    self.membership = membership
+    self.members = tuple(range(self.n))
+    self._decision = None
     # "auto" on GPUs: NCCL for a group on one host, ring across hosts.
     self._per_group = per_group_nccl
     self._multi_host = len(set(self.hosts)) > 1
@@ -113,9 +124,10 @@ class Rounds:
 
   def _hier_part(self, plan):
     """Hierarchical-sync numbers of this worker (meaningful when global)."""
-    host = [i for i in range(self.n) if self.hosts[i] == self.hosts[self.me]]
-    leaders = sorted({min(i for i in range(self.n) if self.hosts[i] == h)
-                      for h in self.hosts})
+    live = self.members
+    host = [i for i in live if self.hosts[i] == self.hosts[self.me]]
+    leaders = sorted({min(i for i in live if self.hosts[i] == self.hosts[j])
+                      for j in live})
     share = sum(plan.weights[i] for i in host)
     return (averaging.group_key_for(host), len(host),
             plan.weights[self.me] / share if share else 0.0,
@@ -171,32 +183,75 @@ class Rounds:
     self._t_arrive = now
     self._arrival_steps = steps
     self._arrival_compute = compute
-    row = np.full([self.n * ROW], 0.0)
-    row[self.me * ROW:(self.me + 1) * ROW] = [
-        self.meter.rate, self.round, float(loss), self._last_divergence,
-        float(self.learning_rate_fn()), steps, float(bool(finite))]
-    return row
+    row = [self.meter.rate, self.round, float(loss), self._last_divergence,
+           float(self.learning_rate_fn()), steps, float(bool(finite))]
+    return self._exchange(row, int(step))
 
-  def _on_table(self, table_vec):
-    """After the table: this worker's weight with poisoned members left out
-    (see scheduler.healthy_weight), and whether it is poisoned itself."""
+  def _exchange(self, row, step):
+    """The round's membership and table, then this worker's part in it:
+    (table, weight, takes_model, group key, size, nccl, global, *hier)."""
+    if self.membership is None:
+      decision = membership_lib.Decision(self.round, (0,), (), (), (row,))
+    else:
+      state = self.plan.state
+      decision = self.membership.exchange(
+          self.round, row, self.epoch_done,
+          {"epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
+           "state": (dataclasses.asdict(state)
+                     if dataclasses.is_dataclass(state) else None)})
+      if decision.round != self.round:  # dropped, now let back in
+        logging.warning(
+            "oscars_tf: worker %d was dropped at round %d (late at its round "
+            "end) and rejoins at round %d with the group's model.", self.me,
+            self.round, decision.round)
+        self.round, self.epoch_done = decision.round, decision.epoch_done
+        self.meter.reset()  # the stall is not its speed
+        adopted = decision.chief_plan or {}
+        self.epoch_offset = adopted.get("epoch", self.epoch_index) - (
+            self.epoch_index)
+        self.plan = dataclasses.replace(
+            self.plan, epoch_end=bool(adopted.get("epoch_end", False)))
+        if adopted.get("state") is not None:
+          self.plan = dataclasses.replace(
+              self.plan, state=type(self.plan.state)(**adopted["state"]))
     self._t_table = time.monotonic()
-    rows = np.asarray(table_vec).reshape(self.n, ROW)
-    healthy = [row[FIELD_HEALTHY] > 0.5 for row in rows]
-    self._poisoned = [j for j, ok in enumerate(healthy) if not ok]
+    self._decision = decision
+    if decision.dropped or decision.newcomers:
+      logging.warning(
+          "oscars_tf: worker %d round %d: members %s (dropped %s, rejoining "
+          "%s)", self.me, self.round, list(decision.members),
+          list(decision.dropped), list(decision.newcomers))
+    self.members = decision.members
+    self.plan = scheduler.with_members(self.plan, decision.members,
+                                       decision.newcomers, self._weighting)
+    rows = np.full([self.n, ROW], np.nan)
+    for j, r in enumerate(decision.rows):
+      if r is not None:
+        rows[j] = r
+    healthy = [j in decision.members and rows[j, FIELD_HEALTHY] > 0.5
+               for j in range(self.n)]
+    self._poisoned = [j for j in decision.members if not healthy[j]]
     if self._poisoned:
       logging.warning(
           "oscars_tf: worker %d round %d: worker(s) %s have non-finite "
           "weights; averaging without them, and they take the group's model",
           self.me, self.round, self._poisoned)
-    weight = scheduler.healthy_weight(self.plan, self.me, healthy)
+    # Newcomers, like poisoned members, add nothing and take the model.
+    sound = [ok and j not in decision.newcomers for j, ok in enumerate(healthy)]
+    weight = scheduler.healthy_weight(self.plan, self.me, sound)
     group = self.plan.group_of(self.me)
-    if not any(healthy[j] for j in group):
+    takes_model = not sound[self.me]
+    if not any(sound[j] for j in group):
       logging.error("oscars_tf: worker %d round %d: every member of group %s "
                     "has non-finite weights: training diverged (try a lower "
                     "learning rate).", self.me, self.round, list(group))
-      return np.float32(weight), np.bool_(False)
-    return np.float32(weight), np.bool_(not healthy[self.me])
+      takes_model = False
+    _, key, size, _, nccl, whole = self._my_part(self.plan, step)
+    hier = self._hier_part(self.plan)
+    return (rows.reshape(-1), np.float32(weight), np.bool_(takes_model),
+            np.int32(key), np.int32(size), np.bool_(nccl), np.bool_(whole),
+            *(np.dtype(d.as_numpy_dtype).type(v)
+              for (_, d), v in zip(HIER_FIELDS, hier)))
 
   def _on_averaged(self, table_vec, divergence, step, bytes_sent):
     now = time.monotonic()
@@ -224,6 +279,9 @@ class Rounds:
         "time_budget": self.plan.time_budget, "end_step": int(step),
         "stragglers": list(self.plan.stragglers), "bytes_sent": int(bytes_sent),
         "poisoned": list(self._poisoned),
+        "members": list(self._decision.members),
+        "dropped": list(self._decision.dropped),
+        "rejoined": list(self._decision.newcomers),
         "groups": [list(g) for g in self.plan.groups],
         "planned_all": list(self.plan.local_steps)})
     self.round += 1
@@ -308,17 +366,16 @@ class Rounds:
     # others renormalize, and it takes the group's average like everyone.
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                             for v in values])
-    row = tf.py_function(self._on_arrive,
-                         [step, tf.cast(loss, tf.float64), finite],
-                         tf.float64)
-    row.set_shape([self.n * ROW])
-    table = self._table_averager.weighted_sum([row], 1.0, role="table")[0]
+    outs = tf.py_function(
+        self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
+        [tf.float64, tf.float32, tf.bool, tf.int32, tf.int32, tf.bool,
+         tf.bool] + [d for _, d in HIER_FIELDS])
+    table, weight, poisoned, group_key, group_size, use_nccl, is_global = [
+        tf.reshape(o, s) for o, s in zip(outs[:7], [[self.n * ROW]] +
+                                          [[]] * 6)]
+    hier = {name: tf.reshape(o, []) for (name, _), o in zip(HIER_FIELDS,
+                                                             outs[7:])}
     with tf.control_dependencies([table]):
-      weight, poisoned = tf.py_function(self._on_table, [table],
-                                        [tf.float32, tf.bool])
-    weight.set_shape([])
-    poisoned.set_shape([])
-    with tf.control_dependencies([weight, poisoned]):
       if start is not None:
         begin = start()
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
@@ -329,24 +386,21 @@ class Rounds:
       def together():
         if self._per_group:
           return self._group_averager.weighted_sum(
-              values, weight, self.group_size, self.group_key,
-              self.use_nccl)
+              values, weight, group_size, group_key, use_nccl)
         return self._group_averager.weighted_sum(
-            values, weight, group_size=self.group_size,
-            group_key=self.group_key)
+            values, weight, group_size=group_size, group_key=group_key)
 
       def hierarchical():
-        return self._hierarchical.weighted_sum(
-            values, {k: v.read_value() for k, v in self.hier.items()})
+        return self._hierarchical.weighted_sum(values, hier)
 
       if self._multi_host:  # a global sync crosses hosts hierarchically
         grouped = together
-        together = lambda: tf.cond(self.is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
-      averaged = tf.cond(self.group_size > 1, together,
+        together = lambda: tf.cond(is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
+      averaged = tf.cond(group_size > 1, together,
                          lambda: [tf.identity(v) for v in values])
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
-    written = write_values(averaged)
+    written = write_values(averaged, is_global)
     if reset_state is not None:
       with tf.control_dependencies([written]):
         written = tf.cond(poisoned, reset_state, tf.no_op)

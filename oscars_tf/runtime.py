@@ -53,6 +53,11 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
       coordinated_jobs=jobs,
       heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000),
       cluster_register_timeout_in_ms=int(register_timeout_s * 1000))
+  # A worker that dies must not take the others down: the strategy drops it
+  # from the rounds (membership.py). Without this, the coordination service
+  # aborts every task's collectives once the dead one misses its heartbeats.
+  context.context()._coordination_service_config.recoverable_jobs.extend(  # pylint: disable=protected-access
+      list(info.jobs))
   config = copy.deepcopy(context.context().config)
   config.isolate_session_state = True
   port = int(info.address.rpartition(":")[2])

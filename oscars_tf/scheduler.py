@@ -280,6 +280,31 @@ def healthy_weight(plan: Plan, me: int, healthy) -> float:
   return plan.weights[me] / total if healthy[me] else 0.0
 
 
+def with_members(p: Plan, members, newcomers=(), weighting="work") -> Plan:
+  """`p` restricted to the workers of `members` (a round's membership).
+
+  Workers outside `members` (dropped: dead, stalled, cut off) are taken out
+  of every group and left alone in singleton groups, so no collective waits
+  for them; the members' weights are renormalized within their groups. With
+  newcomers, the round is a sync of all members, so a newcomer takes the
+  current model whatever group it would have been in.
+  """
+  n = len(p.local_steps)
+  members = set(members)
+  if len(members) == n and not newcomers:
+    return p
+  if newcomers:
+    kept = (tuple(sorted(members)),)
+  else:
+    kept = tuple(g2 for g2 in (tuple(i for i in g if i in members)
+                               for g in p.groups) if g2)
+  groups = kept + tuple((i,) for i in range(n) if i not in members)
+  weights, scales = weights_and_scales(groups, p.local_steps, weighting)
+  return dataclasses.replace(p, groups=groups, weights=weights,
+                             update_scales=scales,
+                             global_sync=p.global_sync or bool(newcomers))
+
+
 def _steps_in(rate, budget):
   """k = rate * T to the nearest step (>= 1): a worker arrives within half a
   step of T, early or late. (Flooring would make measured rates a hair under

@@ -49,6 +49,13 @@ class OscarsStrategy(tf.distribute.Strategy):
     communication: "auto" (default), "ring" (gRPC) or "nccl".
     collective_timeout: seconds to wait for the other workers at an
       averaging point before failing with `PeerTimeoutError` (default 300).
+    straggler_timeout: seconds the chief waits at a round end for a worker
+      that has not arrived before it drops it from the round (default 60,
+      or `collective_timeout` if that is shorter):
+      the others go on without a dead, stopped or cut-off worker, and a
+      stalled one rejoins with the current model when it is back. The
+      chief itself is never dropped: if it dies, the job stops with
+      `PeerTimeoutError` and `oscars-launch --restarts` resumes it.
     logdir: where each worker writes its round summaries for TensorBoard
       (`<logdir>/worker_<i>`, the chief's global view in `<logdir>/cluster`)
       and its timeline; default: the log_dir of a Keras TensorBoard callback
@@ -77,7 +84,8 @@ class OscarsStrategy(tf.distribute.Strategy):
   def __init__(self, schedule=None, devices=None, cluster_resolver=None,
                optimizer_state="local", communication="auto",
                collective_timeout=300.0, local_replicas="mirrored",
-               simulate_step_time=None, outer_optimizer=None, logdir=None):
+               simulate_step_time=None, outer_optimizer=None, logdir=None,
+               straggler_timeout=None):
     schedule = schedules_lib.Adaptive() if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
@@ -102,17 +110,29 @@ class OscarsStrategy(tf.distribute.Strategy):
         not collective_timeout > 0):
       raise ValueError("`collective_timeout` must be a number of seconds > 0, "
                        f"got {collective_timeout!r}.")
+    if straggler_timeout is None:
+      straggler_timeout = min(60.0, collective_timeout)
+    if (isinstance(straggler_timeout, bool) or
+        not isinstance(straggler_timeout, (int, float)) or
+        not 0 < straggler_timeout <= collective_timeout):
+      raise ValueError("`straggler_timeout` must be a number of seconds > 0 "
+                       "and at most `collective_timeout` "
+                       f"({collective_timeout!r}), got {straggler_timeout!r}.")
     if simulate_step_time is None:
       simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
     profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
-    runtime.start(info)
+    # The coordination service's heartbeats only catch what the straggler
+    # timeout catches sooner, and a task they time out can never come back:
+    # long ones let a stalled worker rejoin (stalls up to this long).
+    runtime.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout))
     super().__init__(OscarsExtended(
         self, info, devices, schedule, optimizer_state, communication,
         collective_timeout, local_replicas,
         simulate=profile if profile.active else None,
-        outer_optimizer=outer_optimizer))
+        outer_optimizer=outer_optimizer,
+        straggler_timeout=straggler_timeout))
     if logdir:
       self.extended.set_logdir(logdir)
     if profile.active:
@@ -195,8 +215,9 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   def stats(self):
     """Counters of this worker: `local_step`, `syncs` (averaging points it
-    took part in; each runs one table collective and one packed model
-    collective per dtype), `round`, `next_sync_step`, seconds spent
+    took part in; each exchanges table rows through the coordination service
+    and runs one packed model collective per dtype), `round`,
+    `next_sync_step`, seconds spent
     computing / waiting / communicating, and model bytes sent."""
     return self.extended.stats()
 
@@ -204,6 +225,12 @@ class OscarsStrategy(tf.distribute.Strategy):
   def plan(self):
     """The `scheduler.Plan` of the round in progress (same on all workers)."""
     return self.extended._rounds.plan  # pylint: disable=protected-access
+
+  @property
+  def members(self):
+    """The workers of the latest round: all of them, less those dropped
+    (dead, stalled or cut off) and not back yet."""
+    return self.extended._rounds.members  # pylint: disable=protected-access
 
   @property
   def round_history(self):

@@ -111,21 +111,45 @@ def test_bad_simulated_step_time_is_a_usage_error():
   assert proc.returncode != 0 and "simulate_step_time" in proc.stderr
 
 
-def test_restarts_start_every_worker_again_after_a_death():
-  # Attempt 0: worker 1 kills itself with SIGKILL while worker 0 is busy;
+def test_restarts_start_every_worker_again_after_the_chief_dies():
+  # Attempt 0: the chief kills itself with SIGKILL while worker 1 is busy;
   # attempt 1: both finish.
   code = ("a = os.environ['OSCARS_LAUNCH_ATTEMPT']; print('attempt', a); "
-          "os.kill(os.getpid(), 9) if (a, i) == ('0', 1) else "
+          "os.kill(os.getpid(), 9) if (a, i) == ('0', 0) else "
           "time.sleep(120 if a == '0' else 0)")
   start = time.monotonic()
   proc = _launch(["--num_workers", "2", "--restarts", "2",
                   "--grace_seconds", "1"], code)
   assert proc.returncode == 0, proc.stderr
   assert time.monotonic() - start < 30
-  assert "worker 1 was killed by SIGKILL" in proc.stderr
+  assert "worker 0 was killed by SIGKILL" in proc.stderr
   assert "restart 1 of 2" in proc.stderr
   assert "restart 2 of 2" not in proc.stderr
   assert proc.stdout.count("attempt 1") == 2
+
+
+def test_a_killed_worker_is_lost_and_the_others_go_on():
+  # Worker 1 dies by a signal; the chief finishes: the job succeeds, and the
+  # launcher says which worker it lost. No restart.
+  code = ("os.kill(os.getpid(), 9) if i == 1 else time.sleep(1); "
+          "print('chief done')")
+  proc = _launch(["--num_workers", "2", "--restarts", "2",
+                  "--grace_seconds", "1"], code)
+  assert proc.returncode == 0, proc.stderr
+  assert "worker 1 was killed by SIGKILL; the others go on" in proc.stderr
+  assert "finished without worker(s) [1]" in proc.stderr
+  assert "restart" not in proc.stderr
+  assert "chief done" in proc.stdout
+
+
+def test_nokeep_going_makes_any_death_end_the_job():
+  code = "os.kill(os.getpid(), 9) if i == 1 else time.sleep(60)"
+  start = time.monotonic()
+  proc = _launch(["--num_workers", "2", "--nokeep_going",
+                  "--grace_seconds", "1"], code)
+  assert proc.returncode == 1
+  assert time.monotonic() - start < 30
+  assert "worker 1 was killed by SIGKILL; stopped the other" in proc.stderr
 
 
 def test_restarts_are_bounded():

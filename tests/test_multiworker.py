@@ -178,17 +178,22 @@ def test_models_that_differ_fail_at_the_first_sync():
     assert "variable count" in out["message"] or "element" in out["message"]
 
 
-def test_exception_on_one_worker_is_a_clear_error_on_the_others():
+def test_a_worker_that_fails_is_dropped_and_the_others_finish():
   start = time.monotonic()
   result = multiworker.run("fit", 2, {"fail_at_epoch": [1, 1], "timeout": 8,
                                       "epochs": 3},
                            expect_success=False, kill_on_failure=False)
   assert time.monotonic() - start < 90
-  chief = result.outputs[0]
-  # Detected by the collective's timeout or by the lost gRPC peer.
-  assert chief["error"] in ("PeerTimeoutError", "WorkerLostError"), chief
-  assert "worker 0" in chief["message"] and "peer" in chief["message"]
   assert result.outputs[1]["error"] == "RuntimeError"
+  assert result.codes[0] == 0, result.tail()
+  chief = result.outputs[0]
+  assert chief["epochs_run"] == 3 and chief["test_accuracy"] > 0.8, chief
+  dropped = [r for r in chief["rounds"] if r["dropped"]]
+  assert [r["dropped"] for r in dropped] == [[1]], dropped
+  # From then on the chief trains and "averages" alone, and says so.
+  after = [r for r in chief["rounds"] if r["round"] >= dropped[0]["round"]]
+  assert all(r["members"] == [0] and r["group"] == [0] for r in after)
+  assert "dropped [1]" in result.log
 
 
 def test_busy_port_fails_fast_with_a_clear_message():

@@ -1,0 +1,239 @@
+"""Who takes part in each round, agreed through a key-value store.
+
+At every round end each worker writes its table row to the store. The chief
+waits for the members' rows, up to `straggler_timeout` seconds after its own
+arrival; a member that is not there by then (dead, stopped, cut off) is
+dropped from the round. The chief writes one *decision* per round — the
+members, the newcomers and every row — and every member reads it, so all
+members plan from the same snapshot and enter the same collectives, and no
+collective ever waits for a worker that is not there.
+
+A dropped worker that comes back (a stall ended) finds itself left out of
+the decision of its round. It asks to rejoin and waits for the decision that
+names it a newcomer; in that round it takes its group's model (weight 0).
+
+No TensorFlow here: the store is anything with `set`, `get` and `delete`
+(`ContextStore` is TensorFlow's coordination service; tests use a dict).
+"""
+
+import dataclasses
+import json
+import math
+import time
+from typing import Optional, Tuple
+
+from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+
+PREFIX = "oscars_tf/members/"
+POLL_S = 0.5  # a dropped worker checks for the end of training this often
+
+
+class KeyMissing(Exception):
+  """`get` found no value for the key within its timeout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """One round's membership, as the chief decided it."""
+  round: int
+  members: Tuple[int, ...]     # workers in this round's collectives
+  newcomers: Tuple[int, ...]   # members rejoining: they take the model
+  dropped: Tuple[int, ...]     # members of the previous round left out
+  rows: Tuple[Optional[Tuple[float, ...]], ...]  # None for non-members
+  epoch_done: int = 0          # cluster steps of the epoch, as the chief
+                               # counted them (a newcomer adopts it)
+  chief_plan: Optional[dict] = None  # what newcomers adopt to plan like
+                                     # the others (only when they join)
+
+  def to_json(self):
+    return json.dumps(dataclasses.asdict(self), allow_nan=True)
+
+  @classmethod
+  def from_json(cls, text):
+    d = json.loads(text)
+    return cls(round=d["round"], members=tuple(d["members"]),
+               newcomers=tuple(d["newcomers"]), dropped=tuple(d["dropped"]),
+               rows=tuple(None if r is None else tuple(r) for r in d["rows"]),
+               epoch_done=d.get("epoch_done", 0),
+               chief_plan=d.get("chief_plan"))
+
+
+class Membership:
+  """One worker's side of the round-end exchange (the chief decides)."""
+
+  def __init__(self, store, me, num_workers, straggler_timeout,
+               decision_timeout, first_round_timeout=None):
+    if not straggler_timeout > 0 or not decision_timeout > 0:
+      raise ValueError("membership timeouts must be > 0 s.")
+    self.store = store
+    self.me = me
+    self.n = num_workers
+    self.straggler_timeout = float(straggler_timeout)
+    self.decision_timeout = float(decision_timeout)
+    # Round 0 holds tracing and start-up, which take long and unevenly.
+    self.first_round_timeout = float(first_round_timeout or decision_timeout)
+    self.members = tuple(range(num_workers))
+    self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
+    self._epoch_done = 0
+
+  # -- every worker --------------------------------------------------------
+
+  def exchange(self, round_, row, epoch_done=0, chief_plan=None):
+    """Arrives at the end of `round_` with `row`; returns the Decision.
+
+    On the chief this also decides: `epoch_done` and `chief_plan` (a dict)
+    are what newcomers adopt to plan like the others. A worker
+    dropped from `round_` waits to rejoin and returns the decision of the
+    round it rejoins in, whose number is then larger than `round_`.
+    """
+    self.store.set(f"{PREFIX}a/{round_}/{self.me}", _dump(row))
+    if self.me == 0:
+      decision = self._decide(round_, row, epoch_done, chief_plan)
+    else:
+      decision = self._await(round_, self._timeout(round_))
+    if self.me not in decision.members:
+      decision = self._rejoin(round_, row)
+    self.members = decision.members
+    return decision
+
+  def finish(self, round_):
+    """The chief marks the end of training (dropped workers stop waiting)."""
+    if self.me == 0:
+      _put(self.store, f"{PREFIX}finished", str(round_))
+
+  def _timeout(self, round_):
+    return self.first_round_timeout if round_ == 0 else self.decision_timeout
+
+  def _await(self, round_, timeout):
+    try:
+      text = self.store.get(f"{PREFIX}d/{round_}", timeout)
+    except KeyMissing:
+      raise PeerTimeoutError(
+          f"worker {self.me}: the chief (worker 0) decided no membership for "
+          f"round {round_} within {timeout:.0f} s; it may have died or "
+          "stalled. Restart the job from the last checkpoint "
+          "(oscars-launch --restarts does this).") from None
+    return Decision.from_json(text)
+
+  def _rejoin(self, round_, row):
+    t0 = time.monotonic()
+    latest = _int_or(self._try_get(f"{PREFIX}latest"), round_)
+    # Its rate spans the stall, which says nothing of its speed: unknown.
+    _put(self.store, f"{PREFIX}j/{self.me}", _dump([math.nan, *row[1:]]))
+    r = max(round_, latest) + 1
+    deadline = t0 + self.decision_timeout
+    while True:
+      try:
+        decision = Decision.from_json(
+            self.store.get(f"{PREFIX}d/{r}", min(POLL_S, _left(deadline))))
+      except KeyMissing:
+        if self._try_get(f"{PREFIX}finished") is not None:
+          raise WorkerLostError(
+              f"worker {self.me} was dropped at round {round_} (too late at "
+              "its round end) and training ended before it could rejoin; "
+              "the chief's model and checkpoint are the job's result."
+              ) from None
+        if _left(deadline) <= 0:
+          raise PeerTimeoutError(
+              f"worker {self.me}: dropped at round {round_}, and not let "
+              f"back in within {self.decision_timeout:.0f} s.") from None
+        continue
+      if self.me in decision.newcomers:
+        self.events.append((r, "rejoined", self.me, time.monotonic() - t0))
+        return decision
+      r += 1
+
+  def _try_get(self, key):
+    try:
+      return self.store.get(key, 0.001)
+    except KeyMissing:
+      return None
+
+  # -- the chief -----------------------------------------------------------
+
+  def _decide(self, round_, my_row, epoch_done, chief_plan):
+    rows = [None] * self.n
+    rows[0] = tuple(my_row)
+    t0 = time.monotonic()
+    deadline = t0 + (self.straggler_timeout if round_ else
+                     self.first_round_timeout)
+    arrived, dropped = [0], []
+    for j in self.members:
+      if j == 0:
+        continue
+      try:
+        rows[j] = _load(self.store.get(f"{PREFIX}a/{round_}/{j}",
+                                       _left(deadline)))
+        arrived.append(j)
+      except KeyMissing:
+        dropped.append(j)
+        self.events.append((round_, "dropped", j, time.monotonic() - t0))
+    newcomers = []
+    for j in range(1, self.n):
+      if j in self.members:
+        continue
+      text = self._try_get(f"{PREFIX}j/{j}")
+      if text is not None:
+        self.store.delete(f"{PREFIX}j/{j}")
+        rows[j] = _load(text)
+        newcomers.append(j)
+    for j in arrived[1:]:  # read: no longer needed
+      self.store.delete(f"{PREFIX}a/{round_}/{j}")
+    decision = Decision(round_, tuple(sorted(arrived + newcomers)),
+                        tuple(newcomers), tuple(dropped), tuple(rows),
+                        epoch_done, chief_plan if newcomers else None)
+    self.store.set(f"{PREFIX}d/{round_}", decision.to_json())
+    _put(self.store, f"{PREFIX}latest", str(round_))
+    return decision
+
+
+def _left(deadline):
+  return max(0.0, deadline - time.monotonic())
+
+
+def _dump(row):
+  return json.dumps([float(x) for x in row], allow_nan=True)
+
+
+def _load(text):
+  return tuple(float(x) for x in json.loads(text))
+
+
+def _int_or(text, default):
+  try:
+    return int(text)
+  except (TypeError, ValueError):
+    return default
+
+
+def _put(store, key, value):
+  """Sets a key that may exist already (the store refuses to overwrite)."""
+  store.delete(key)
+  store.set(key, value)
+
+
+class ContextStore:
+  """TensorFlow's coordination-service key-value store."""
+
+  def __init__(self):
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    self._ctx = context.context()
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._missing = (tf.errors.DeadlineExceededError, tf.errors.NotFoundError)
+
+  def set(self, key, value):
+    self._ctx.set_config_key_value(key, value)
+
+  def get(self, key, timeout_s):
+    try:
+      return self._ctx.get_config_key_value(
+          key, max(1, int(math.ceil(timeout_s * 1000))))
+    except self._missing:
+      raise KeyMissing(key) from None
+
+  def delete(self, key):
+    try:
+      self._ctx.delete_config_key_value(key)
+    except Exception:  # pylint: disable=broad-except
+      pass  # absent already
+

@@ -1,0 +1,75 @@
+"""Helpers of the fault-injection tests: launch examples/train.py jobs and
+find their worker processes. Every wait is bounded."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import multiworker
+
+TRAIN = str(pathlib.Path(__file__).resolve().parent.parent / "examples" /
+            "train.py")
+
+
+def workers_of(marker):
+  """{task index: pid} of the live train.py processes whose argv has marker."""
+  found = {}
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode(errors="replace").split("\0")
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split("=", 1) for kv in
+                   f.read().decode(errors="replace").split("\0") if "=" in kv)
+    except OSError:
+      continue
+    if TRAIN in argv and any(marker in a for a in argv) and "TF_CONFIG" in env:
+      found[json.loads(env["TF_CONFIG"])["task"]["index"]] = int(pid)
+  return found
+
+
+def wait_for(predicate, timeout, what):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def launch(num_workers, train_args, launcher_args=(), prefix=None):
+  """Starts `oscars-launch ... -- python train.py ...`; returns the Popen."""
+  command = [sys.executable, "-m", "oscars_tf.launch",
+             f"--num_workers={num_workers}", "--grace_seconds=2",
+             *launcher_args, "--", sys.executable, TRAIN, *train_args]
+  return subprocess.Popen(command, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env=multiworker.worker_env(),
+                          start_new_session=True, cwd=prefix)
+
+
+def finish(launcher, timeout):
+  """(stdout, stderr) of a launched job; kills it all past `timeout`."""
+  try:
+    return launcher.communicate(timeout=timeout)
+  finally:
+    kill(launcher)
+
+
+def kill(launcher):
+  """Kills the launcher's whole process group (its workers too)."""
+  if launcher.poll() is None:
+    os.killpg(launcher.pid, 9)
+    launcher.wait()
+
+
+def epoch_of(checkpoint_dir):
+  """The epoch of the chief's latest checkpoint (0 before the first)."""
+  path = pathlib.Path(checkpoint_dir) / "last.json"
+  try:
+    return json.loads(path.read_text())["epoch"]
+  except (OSError, ValueError, KeyError):
+    return 0

@@ -1,0 +1,125 @@
+"""Faults injected into running jobs: a worker killed, a worker stopped.
+
+Real worker processes (examples/train.py under oscars-launch) over real gRPC
+on loopback, SIMULATED step times so that rounds are long enough to hit,
+and a hard bound on every wait. The chief drops a worker that is not at its
+round end within --straggler_timeout; the others go on (see membership.py).
+Numbers these tests print feed the reliability table in README.md.
+"""
+
+import json
+import os
+import signal
+import time
+
+import faults
+
+STRAGGLER_S = 3
+TRAIN_ARGS = ["--dataset=digits", "--simulate_step_time=100ms",
+              f"--straggler_timeout={STRAGGLER_S}", "--collective_timeout=60"]
+
+
+def _final_lines(out):
+  """{worker: "test accuracy ..., loss ..."} from each worker's last line."""
+  lines = {}
+  for line in out.splitlines():
+    if "optimizer steps" in line and line.startswith("["):
+      worker = int(line[1:line.index("]")])
+      lines[worker] = line.split(": ", 1)[1].split(", ")[:2]
+  return lines
+
+
+def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
+  epochs = 16
+  args = TRAIN_ARGS + [f"--epochs={epochs}"]
+  base = faults.launch(4, args + [f"--result_json={tmp_path / 'base.json'}"],
+                       ["--timeout=200"])
+  faults.finish(base, 220)
+  assert base.returncode == 0
+  baseline = json.loads((tmp_path / "base.json").read_text())
+
+  ckpt = tmp_path / "ckpt"
+  job = faults.launch(4, args + [f"--checkpoint_dir={ckpt}",
+                                 f"--result_json={tmp_path / 'kill.json'}"],
+                      ["--timeout=200"])
+  try:
+    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 4, 150, "epoch 4")
+    victim = faults.workers_of(str(ckpt))[2]
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    out, err = faults.finish(job, 220)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 0, err[-3000:]
+  assert "worker 2 was killed by SIGKILL; the others go on" in err
+  result = json.loads((tmp_path / "kill.json").read_text())
+  assert result["final_members"] == [0, 1, 3]
+  assert [c["epoch"] for c in result["curve"]][-1] == epochs
+  drop = next(e for e in result["membership"] if 2 in e["dropped"])
+  detected_s = drop["arrived_at"] + drop["wait_s"] - killed_at
+  assert drop["wait_s"] <= STRAGGLER_S + 1.0, drop
+  # Worker 2 never came back.
+  assert not any(2 in e["rejoined"] for e in result["membership"])
+  delta = result["test_accuracy"] - baseline["test_accuracy"]
+  print(f"\nkill -9 of worker 2 of 4: dropped at round {drop['round']}, "
+        f"{detected_s:.1f} s after the kill (the chief waited "
+        f"{drop['wait_s']:.1f} s); accuracy {result['test_accuracy']:.4f} vs "
+        f"{baseline['test_accuracy']:.4f} undisturbed ({delta * 100:+.2f} "
+        "points)")
+  assert delta >= -0.01, (result["test_accuracy"], baseline["test_accuracy"])
+  assert "oscars-launch: the job finished without worker(s) [2]" in err
+
+
+def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(tmp_path):
+  stall_s = 30
+  job = faults.launch(3, TRAIN_ARGS + [
+      "--epochs=30", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+      f"--result_json={tmp_path / 'stall.json'}"], ["--timeout=240"])
+  try:
+    faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 4, 150,
+                    "epoch 4")
+    victim = faults.workers_of(str(tmp_path / "ckpt"))[2]
+    stopped_at = time.time()
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(stall_s)  # the stall itself, not a wait for anything
+    os.kill(victim, signal.SIGCONT)
+    resumed_at = time.time()
+    out, err = faults.finish(job, 240)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 0, err[-3000:]
+  result = json.loads((tmp_path / "stall.json").read_text())
+  events = result["membership"]
+  assert [e["dropped"] for e in events if e["dropped"]] == [[2]], events
+  assert [e["rejoined"] for e in events if e["rejoined"]] == [[2]], events
+  drop = next(e for e in events if e["dropped"])
+  back = next(e for e in events if e["rejoined"])
+  # The others keep their step rate: one round waits out the straggler
+  # timeout, the rounds of the stall take no longer than those before it.
+  rounds = result["rounds"]
+  slow = [r for r in rounds if r["wait_s"] > 1.0]
+  assert [r["round"] for r in slow] == [drop["round"]], slow
+
+  def rate(rs):
+    return sum(r["local_steps"] for r in rs[1:]) / (
+        rs[-1]["arrived_at"] - rs[0]["arrived_at"])
+  before = [r for r in rounds if r["arrived_at"] < stopped_at]
+  during = [r for r in rounds
+            if drop["round"] < r["round"] and r["arrived_at"] < resumed_at]
+  assert len(before) >= 4 and len(during) >= 10, (len(before), len(during))
+  ratio = rate(during) / rate(before)
+  print(f"\nSIGSTOP of worker 2 of 3 for {stall_s} s: dropped at round "
+        f"{drop['round']} after {drop['wait_s']:.1f} s, rejoined at round "
+        f"{back['round']} {back['arrived_at'] - resumed_at:+.1f} s after "
+        f"SIGCONT; the chief's step rate during the stall / before: "
+        f"{ratio:.2f}; test accuracy {result['test_accuracy']:.4f}")
+  assert ratio >= 0.85
+  assert result["final_members"] == [0, 1, 2]
+  # Back with the cluster's model: after the last round all three workers
+  # hold the same weights, so their test accuracy and loss agree exactly.
+  finals = _final_lines(out)
+  assert sorted(finals) == [0, 1, 2], out[-2000:]
+  assert finals[0] == finals[1] == finals[2], finals
+  assert "rejoins at round" in out + err
