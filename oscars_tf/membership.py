@@ -26,6 +26,7 @@ from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
+KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 
 
 class KeyMissing(Exception):
@@ -105,15 +106,22 @@ class Membership:
     return self.first_round_timeout if round_ == 0 else self.decision_timeout
 
   def _await(self, round_, timeout):
-    try:
-      text = self.store.get(f"{PREFIX}d/{round_}", timeout)
-    except KeyMissing:
-      raise PeerTimeoutError(
-          f"worker {self.me}: the chief (worker 0) decided no membership for "
-          f"round {round_} within {timeout:.0f} s; it may have died or "
-          "stalled. Restart the job from the last checkpoint "
-          "(oscars-launch --restarts does this).") from None
-    return Decision.from_json(text)
+    deadline = time.monotonic() + timeout
+    while True:
+      try:
+        return Decision.from_json(self.store.get(
+            f"{PREFIX}d/{round_}", min(POLL_S, _left(deadline))))
+      except KeyMissing:
+        pass
+      # Back from a stall so long that the decision was deleted: dropped.
+      if _int_or(self._try_get(f"{PREFIX}latest"), -1) > round_:
+        return Decision(round_, (), (), (self.me,), (None,) * self.n)
+      if _left(deadline) <= 0:
+        raise PeerTimeoutError(
+            f"worker {self.me}: the chief (worker 0) decided no membership "
+            f"for round {round_} within {timeout:.0f} s; it may have died or "
+            "stalled. Restart the job from the last checkpoint "
+            "(oscars-launch --restarts does this).")
 
   def _rejoin(self, round_, row):
     t0 = time.monotonic()
@@ -184,6 +192,7 @@ class Membership:
                         epoch_done, chief_plan if newcomers else None)
     self.store.set(f"{PREFIX}d/{round_}", decision.to_json())
     _put(self.store, f"{PREFIX}latest", str(round_))
+    self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
 
 

@@ -204,3 +204,27 @@ def test_poisoned_members_get_no_weight_and_the_rest_renormalize():
   rows = [[40.0, 3, 1.0, 0.0, 0.1, 16, 1.0], [40.0, 3, 1.0, 0.0, 0.1, 16, 0.0]]
   parsed = scheduler.StepRateTable.from_rows(rows, ("h", "h"))
   assert [e.healthy for e in parsed.entries] == [True, False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 40), st.data())
+def test_a_plan_restricted_to_members_leaves_the_others_alone(
+    table, config, round_, data):
+  plan = config.plan(table, round_)
+  n = table.size
+  members = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
+  newcomers = data.draw(st.sets(st.sampled_from(sorted(members))))
+  out = scheduler.with_members(plan, members, newcomers)
+  assert sorted(i for g in out.groups for i in g) == list(range(n))
+  for g in out.groups:
+    if any(i not in members for i in g):
+      assert len(g) == 1  # an absent worker is in no collective
+    assert math.isclose(sum(out.weights[i] for i in g), 1.0)
+  if newcomers:  # they take the current model: one group of all members
+    assert tuple(sorted(members)) in out.groups and out.global_sync
+  else:  # members keep the groups they had, less the absent
+    for g in plan.groups:
+      kept = tuple(i for i in g if i in members)
+      assert not kept or kept in out.groups
+  assert out.local_steps == plan.local_steps
+  assert scheduler.with_members(plan, range(n)) is plan

@@ -1,0 +1,204 @@
+"""The round-membership protocol (membership.py) on an in-memory store.
+
+Workers are threads here; the real store (TensorFlow's coordination
+service) is exercised by test_faults.py and the multi-process tests.
+"""
+
+import math
+import threading
+import time
+
+import pytest
+
+from oscars_tf import membership
+from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+
+
+class FakeStore:
+  """A key-value store that, like the coordination service, blocks `get`
+  until the key exists or the timeout passes, and refuses to overwrite."""
+
+  def __init__(self):
+    self.data = {}
+    self._cv = threading.Condition()
+
+  def set(self, key, value):
+    with self._cv:
+      if key in self.data:
+        raise KeyError(f"{key} exists")
+      self.data[key] = value
+      self._cv.notify_all()
+
+  def get(self, key, timeout_s):
+    with self._cv:
+      if not self._cv.wait_for(lambda: key in self.data, timeout_s):
+        raise membership.KeyMissing(key)
+      return self.data[key]
+
+  def delete(self, key):
+    with self._cv:
+      self.data.pop(key, None)
+
+
+def _row(worker, rate=10.0):
+  return [rate + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0]
+
+
+def _workers(store, n, straggler=0.5, decision=5.0, first_round=None):
+  return [membership.Membership(store, i, n, straggler, decision,
+                                first_round_timeout=first_round or straggler)
+          for i in range(n)]
+
+
+def _run(fns, timeout=20):
+  """Runs each fn in a thread; returns their results (or raises theirs)."""
+  out, errors = [None] * len(fns), [None] * len(fns)
+
+  def call(i):
+    try:
+      out[i] = fns[i]()
+    except BaseException as e:  # pylint: disable=broad-except
+      errors[i] = e
+  threads = [threading.Thread(target=call, args=(i,), daemon=True)
+             for i in range(len(fns))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout)
+    assert not t.is_alive(), "a worker thread hung"
+  return out, errors
+
+
+def test_every_member_gets_the_same_decision_with_every_row():
+  store = FakeStore()
+  ws = _workers(store, 3)
+  out, errors = _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  assert errors == [None] * 3
+  assert out[0].to_json() == out[1].to_json() == out[2].to_json()
+  assert out[0].members == (0, 1, 2) and out[0].dropped == ()
+  assert out[0].rows[2][0] == 12.0
+
+
+def test_a_worker_that_does_not_arrive_is_dropped_after_the_timeout():
+  store = FakeStore()
+  ws = _workers(store, 3, straggler=0.3)
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  start = time.monotonic()
+  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])
+  waited = time.monotonic() - start
+  assert errors == [None, None]
+  assert out[0].to_json() == out[1].to_json()
+  assert out[0].members == (0, 1) and out[0].dropped == (2,)
+  assert out[0].rows[2] is None
+  assert 0.3 <= waited < 2.0
+  assert ws[0].events[0][:3] == (1, "dropped", 2)
+  # Round 2: the chief does not wait for the dropped worker again.
+  start = time.monotonic()
+  out, _ = _run([lambda w=w: w.exchange(2, _row(w.me)) for w in ws[:2]])
+  assert out[0].members == (0, 1) and time.monotonic() - start < 0.25
+
+
+def test_a_late_worker_rejoins_at_a_later_round_with_an_unknown_rate():
+  store = FakeStore()
+  ws = _workers(store, 3, straggler=0.3)
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
+
+  def late():  # back from its stall, still at its round 1
+    return ws[2].exchange(1, _row(2))
+
+  def others():
+    got = []
+    for r in range(2, 40):  # rounds go on until worker 2 is let back in
+      d = [None, None]
+      _, errs = _run([lambda i=i: d.__setitem__(i, ws[i].exchange(
+          r, _row(i))) for i in (0, 1)])
+      assert errs == [None, None]
+      got.append(d[0])
+      if 2 in d[0].members:
+        return got
+      time.sleep(0.02)
+    return got
+  out, errors = _run([late, others])
+  assert errors == [None, None]
+  back, history = out
+  assert back.round > 1 and back.newcomers == (2,)
+  assert history[-1].to_json() == back.to_json() and back.members == (0, 1, 2)
+  assert math.isnan(back.rows[2][0])  # its stall is not its speed
+  assert ws[2].members == (0, 1, 2)
+  assert ws[2].events[-1][:3] == (back.round, "rejoined", 2)
+
+
+def test_round_zero_waits_longer_since_it_holds_start_up():
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.1, first_round=2.0)
+
+  def slow_start():
+    time.sleep(0.5)  # tracing, say: longer than the straggler timeout
+    return ws[1].exchange(0, _row(1))
+  out, errors = _run([lambda: ws[0].exchange(0, _row(0)), slow_start])
+  assert errors == [None, None]
+  assert out[0].members == (0, 1)
+
+
+def test_newcomers_get_the_chiefs_plan_context():
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.2)
+  _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
+  context = {"epoch": 3, "epoch_end": False, "state": {"period": 4.0}}
+  out, errors = _run([
+      lambda: ws[1].exchange(0, _row(1)),
+      lambda: [time.sleep(0.2), ws[0].exchange(1, _row(0), 17, context)][1]])
+  assert errors == [None, None]
+  assert out[0].to_json() == out[1].to_json()
+  assert out[0].chief_plan == context and out[0].epoch_done == 17
+
+
+def test_a_worker_waits_for_a_missing_chief_only_until_the_timeout():
+  ws = _workers(FakeStore(), 2, decision=0.6)
+  start = time.monotonic()
+  with pytest.raises(PeerTimeoutError, match="chief .* decided no membership"):
+    ws[1].exchange(3, _row(1))
+  assert time.monotonic() - start < 3
+
+
+def test_a_dropped_worker_stops_waiting_when_training_ended():
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.2)
+  ws[0].exchange(0, _row(0))  # worker 1 is dropped
+  ws[0].finish(0)
+  start = time.monotonic()
+  with pytest.raises(WorkerLostError, match="training ended before"):
+    ws[1].exchange(0, _row(1))
+  assert time.monotonic() - start < 3
+
+
+def test_a_decision_deleted_while_a_worker_slept_means_it_was_dropped():
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.1)
+  ws[0].exchange(0, _row(0))  # worker 1 dropped at round 0
+  ws[0].exchange(1, _row(0))
+  store.delete(f"{membership.PREFIX}d/0")  # as KEEP_ROUNDS later rounds do
+
+  def chief_round_2():
+    time.sleep(0.7)
+    return ws[0].exchange(2, _row(0))
+  out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_2])
+  assert errors == [None, None]
+  assert out[0].round == 2 and out[0].newcomers == (1,)
+
+
+def test_decisions_survive_json_with_nan_and_missing_rows():
+  d = membership.Decision(4, (0, 2), (2,), (1,),
+                          ((1.0, math.nan), None, (2.0, 3.0)), 9,
+                          {"epoch": 1})
+  back = membership.Decision.from_json(d.to_json())
+  assert back.rows[1] is None and math.isnan(back.rows[0][1])
+  assert (back.round, back.members, back.newcomers, back.dropped,
+          back.epoch_done, back.chief_plan) == (4, (0, 2), (2,), (1,), 9,
+                                                {"epoch": 1})
+
+
+def test_bad_timeouts_are_refused():
+  with pytest.raises(ValueError, match="timeouts must be > 0"):
+    membership.Membership(FakeStore(), 0, 2, 0, 5)
