@@ -2,14 +2,17 @@
 
     oscars-launch --num_workers 4 -- python train.py --epochs 3
 
-Each worker gets its own TF_CONFIG on a free loopback port (the cluster's
-gRPC is unauthenticated, so nothing listens beyond loopback unless
---host says so). Every output line is prefixed with the worker index. When a
-worker fails, the others are stopped and the launcher exits non-zero with a
-message naming the worker; with --restarts=K it starts all workers again
-instead, up to K times (a TF collective group cannot replace a member, so a
-dead worker is recovered by restarting the job from its last checkpoint).
-Ctrl-C stops all workers. Imports no TensorFlow.
+Each worker gets its own TF_CONFIG on a free loopback port. The cluster's
+gRPC is unauthenticated and TensorFlow listens on all interfaces, so the job
+runs in a private network namespace whose only interface is loopback
+(--network; see netns.py): nothing is reachable from outside unless asked.
+Every output line is prefixed with the worker index. A worker other than
+the chief killed by a signal is lost: the others drop it and go on
+(--keep_going). When the chief dies or a worker fails with an error, the
+others are stopped and the launcher exits non-zero with a message naming
+the worker; with --restarts=K it starts all workers again instead, up to K
+times, and training resumes from its last checkpoint. Ctrl-C stops all
+workers. Imports no TensorFlow.
 """
 
 import json
@@ -24,6 +27,8 @@ import time
 from absl import app
 from absl import flags
 
+from oscars_tf import netns
+
 FLAGS = flags.FLAGS
 
 
@@ -33,6 +38,14 @@ def define_flags():
   flags.DEFINE_string("host", "127.0.0.1",
                       "Address the workers bind. The cluster's gRPC has no "
                       "authentication: use loopback or a private network.")
+  flags.DEFINE_enum("network", "auto", ["auto", "isolated", "host"],
+                    "isolated: run the job in a private network namespace "
+                    "with loopback only, so TensorFlow's gRPC listeners "
+                    "(which bind 0.0.0.0) are unreachable from outside; the "
+                    "workers then have no network (data sets that download "
+                    "need --network=host). host: the machine's network. "
+                    "auto: isolated where the machine allows it, else host "
+                    "with a warning. Only with a loopback --host.")
   flags.DEFINE_float("grace_seconds", 10.0, "After one worker fails, how long "
                      "the others get to exit after SIGTERM before SIGKILL.",
                      lower_bound=0)
@@ -182,6 +195,33 @@ def _describe_exit(code):
   return f"exited with code {code}"
 
 
+def _isolate(argv):
+  """Re-runs the launcher in a private network namespace, or says why not.
+
+  Returns only where the job is to run here (already isolated, or not to be).
+  """
+  if os.environ.get(netns.ENV):
+    netns.bring_up_loopback()
+    return
+  if FLAGS.network == "host" or not FLAGS.host.startswith("127."):
+    return
+  prefix = netns.unshare_command()
+  if prefix is None:
+    if FLAGS.network == "isolated":
+      raise app.UsageError(
+          "--network=isolated: this machine allows no private network "
+          "namespace (needs `unshare` and root or user namespaces); use "
+          "--network=host on a machine whose ports are firewalled.")
+    print("oscars-launch: WARNING: no private network namespace here, so "
+          "TensorFlow's unauthenticated gRPC servers listen on all "
+          "interfaces (0.0.0.0) of this machine. Firewall the ports, or "
+          "pass --network=host to silence this.", file=sys.stderr)
+    return
+  os.environ[netns.ENV] = "1"
+  os.execv(prefix[0], prefix + [sys.executable, "-m", "oscars_tf.launch"] +
+           argv[1:])
+
+
 def main(argv):
   command = argv[1:]
   if command and command[0] == "--":
@@ -189,6 +229,7 @@ def main(argv):
   if not command:
     raise app.UsageError("give the worker command after --, e.g. "
                          "oscars-launch --num_workers 2 -- python train.py")
+  _isolate(sys.argv)
   env = None
   if FLAGS.simulate_step_time:
     from oscars_tf import simulate  # pylint: disable=g-import-not-at-top

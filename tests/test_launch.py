@@ -158,3 +158,63 @@ def test_restarts_are_bounded():
   assert proc.returncode == 1
   assert proc.stderr.count("restarting all 2 workers") == 1
   assert "worker 0 exited with code 5; stopped the other" in proc.stderr
+
+
+# A worker that listens like TensorFlow's gRPC server does (0.0.0.0:port),
+# says where, and waits for the test to try it from outside the job.
+_LISTENER = ("import socket; s = socket.socket(); "
+             "s.bind(('0.0.0.0', 0)); s.listen(); "
+             "print('port', s.getsockname()[1], 'ifaces', "
+             "sorted(n for _, n in socket.if_nameindex()), flush=True); "
+             "time.sleep(6)")
+
+
+def _reachable_from_outside(args):
+  proc = subprocess.Popen(LAUNCH + args + ["--num_workers=1", "--",
+                                           sys.executable, "-c",
+                                           WORKER + _LISTENER],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+  try:
+    line = proc.stdout.readline()
+    port = int(re.search(r"port (\d+)", line).group(1))
+    ifaces = re.search(r"ifaces (\[.*\])", line).group(1)
+    import socket  # pylint: disable=g-import-not-at-top
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=2).close()
+      reached = True
+    except OSError:
+      reached = False
+    return reached, ifaces
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_the_job_listens_in_a_private_network_by_default():
+  from oscars_tf import netns  # pylint: disable=g-import-not-at-top
+  if netns.unshare_command() is None:
+    pytest.skip("this machine allows no private network namespace "
+                "(unshare with root or user namespaces)")
+  reached, ifaces = _reachable_from_outside([])
+  assert ifaces == "['lo']"
+  assert not reached  # 0.0.0.0 inside the job is not this machine's
+  # The same worker on the machine's network is reachable: the check can
+  # fail.
+  reached, ifaces = _reachable_from_outside(["--network=host"])
+  assert reached and ifaces != "['lo']"
+
+
+def test_isolated_network_without_support_is_a_usage_error(monkeypatch):
+  # No `unshare` on PATH: auto warns and goes on, isolated refuses.
+  monkeypatch.setenv("PATH", "/nonexistent")
+  proc = subprocess.run(LAUNCH + ["--num_workers=1", "--network=isolated",
+                                  "--", sys.executable, "-c", "print(1)"],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0
+  assert "--network=isolated: this machine allows no private" in proc.stderr
+  proc = subprocess.run(LAUNCH + ["--num_workers=1", "--", sys.executable,
+                                  "-c", "print('ran')"],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0 and "ran" in proc.stdout
+  assert "listen on all interfaces (0.0.0.0)" in proc.stderr
