@@ -15,6 +15,7 @@ MultiWorkerMirroredStrategy is trained with a custom loop
 (examples/loops.py): Keras 3 `fit` does not work with it in TF 2.21.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -47,6 +48,15 @@ flags.DEFINE_integer("seed", 0, "Seed of data shuffling and initial weights.")
 flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch; resume "
                     "from the last checkpoint here.")
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
+flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
+                     "that a run resumed from a checkpoint ends with the "
+                     "same weights as one never stopped: TF op determinism, "
+                     "and each epoch's data order a function of --seed and "
+                     "the epoch alone (fit then runs one epoch per call). "
+                     "Needs a schedule that does not depend on timing "
+                     "(--strategy=local_sgd or sync) and, with momentum or "
+                     "adam, --optimizer_state=average (the checkpoint holds "
+                     "the chief's optimizer state).")
 FLAGS = flags.FLAGS
 
 
@@ -136,6 +146,9 @@ def main(argv):
   worker, num_workers = loops.worker_of(strategy)
   is_chief = worker == 0
   keras.utils.set_random_seed(FLAGS.seed)
+  if FLAGS.deterministic:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.experimental.enable_op_determinism()
   with strategy.scope():
     try:
       model = models.build(FLAGS.model, x.shape[1:], int(y.max()) + 1)
@@ -207,9 +220,17 @@ def main(argv):
         on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
     if FLAGS.logdir:
       callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))
-    model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
-              initial_epoch=initial_epoch, callbacks=callbacks,
-              verbose=1 if is_chief else 0)
+    if FLAGS.deterministic:  # epoch e's order: a function of (seed, e)
+      for epoch in range(initial_epoch, FLAGS.epochs):
+        order = np.random.default_rng((FLAGS.seed, epoch)).permutation(
+            len(x))
+        model.fit(x[order], y[order], batch_size=FLAGS.batch_size,
+                  epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
+                  callbacks=callbacks, verbose=1 if is_chief else 0)
+    else:
+      model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+                initial_epoch=initial_epoch, callbacks=callbacks,
+                verbose=1 if is_chief else 0)
   wall = clock.get("end", train_time())
   test_loss, accuracy = loops.evaluate(model, x_test, y_test)
   steps = int(model.optimizer.iterations.numpy())
@@ -227,6 +248,10 @@ def main(argv):
         "batch_size_per_worker": FLAGS.batch_size,
         "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
         "test_accuracy": accuracy, "test_loss": test_loss,
+        # Equal digests: bit-identical final weights (see --deterministic).
+        "weights_sha256": hashlib.sha256(b"".join(
+            np.ascontiguousarray(v.numpy()).tobytes()
+            for v in model.weights)).hexdigest(),
         "wall_time_s": wall, "eval_time_s": clock["eval_s"],
         "optimizer_step": steps, "curve": curve,
         "simulated_step_time": FLAGS.simulate_step_time or None,

@@ -39,3 +39,29 @@ def test_a_killed_chief_restarts_the_job_and_training_resumes(tmp_path):
   assert final["initial_epoch"] >= killed_at_epoch >= 1
   assert [c["epoch"] for c in final["curve"]][-1] == 6
   assert final["test_accuracy"] >= 0.93, final
+
+
+def test_a_resumed_deterministic_run_ends_with_the_same_weights(tmp_path):
+  # Stop all workers after epoch 2 and restart them: the weights at epoch 4
+  # are bit-identical to those of a run never stopped.
+  args = ["--strategy=local_sgd", "--period=4", "--optimizer=momentum",
+          "--optimizer_state=average", "--deterministic", "--seed=3"]
+
+  def run(name, epochs):
+    result = tmp_path / f"{name}_{epochs}.json"
+    job = faults.launch(2, args + [f"--epochs={epochs}",
+                                   f"--checkpoint_dir={tmp_path / name}",
+                                   f"--result_json={result}"],
+                        ["--timeout=150"])
+    out, err = faults.finish(job, 170)
+    assert job.returncode == 0, err[-3000:]
+    return json.loads(result.read_text())
+
+  whole = run("whole", 4)
+  first_half = run("stopped", 2)
+  resumed = run("stopped", 4)
+  assert resumed["initial_epoch"] == 2
+  assert resumed["optimizer_step"] == whole["optimizer_step"]
+  assert first_half["weights_sha256"] != whole["weights_sha256"]
+  assert resumed["weights_sha256"] == whole["weights_sha256"]
+  assert resumed["test_accuracy"] == whole["test_accuracy"]
