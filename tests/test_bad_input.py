@@ -15,6 +15,7 @@ import multiworker
 
 @pytest.mark.parametrize("params, error, words", [
     ({"odd_dtype_worker": 1}, "WorkerMismatchError", "shapes/dtypes"),
+    ({"extra_layer_worker": 1}, "WorkerMismatchError", "variable count"),
     ({"odd_schedule_worker": 1}, "WorkerMismatchError", "schedule"),
     ({"empty_data": True}, "ValueError", "no training data"),
 ])

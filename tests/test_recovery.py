@@ -12,27 +12,36 @@ import json
 import os
 import signal
 
+import pytest
+
 import faults
 
 
-def test_a_killed_chief_restarts_the_job_and_training_resumes(tmp_path):
+# Worker 0: the chief's death always takes this path. Worker 1 with
+# --nokeep_going: how a dead worker comes back into the job (a restarted
+# process cannot rejoin running collectives; see README, Reliability).
+@pytest.mark.parametrize("victim, launcher_args", [
+    (0, []), (1, ["--nokeep_going"])])
+def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
+                                                       launcher_args):
   ckpt, result = tmp_path / "ckpt", tmp_path / "result.json"
   launcher = faults.launch(2, [
       "--epochs=6", "--simulate_step_time=20ms*1,1", f"--checkpoint_dir={ckpt}",
-      f"--result_json={result}"], ["--restarts=1", "--timeout=240"])
+      f"--result_json={result}"],
+                           ["--restarts=1", "--timeout=240"] + launcher_args)
   try:
     faults.wait_for(lambda: faults.epoch_of(ckpt) >= 1, 120,
                     "the first checkpoint")
-    victim = faults.workers_of(str(ckpt)).get(0)
-    assert victim, "worker 0 not found"
+    pid = faults.workers_of(str(ckpt)).get(victim)
+    assert pid, f"worker {victim} not found"
     killed_at_epoch = faults.epoch_of(ckpt)
-    os.kill(victim, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     out, err = faults.finish(launcher, 240)
   except BaseException:
     faults.kill(launcher)
     raise
   assert launcher.returncode == 0, (out[-3000:], err[-3000:])
-  assert "worker 0 was killed by SIGKILL" in err
+  assert f"worker {victim} was killed by SIGKILL" in err
   assert "restart 1 of 1" in err
   final = json.loads(result.read_text())
   # The second attempt resumed at (or after) the checkpoint seen at the kill.

@@ -54,12 +54,13 @@ def _write(params, strategy, result):
   os.replace(path + ".tmp", path)
 
 
-def _mlp(params, hidden=64, dtype=None):
+def _mlp(params, hidden=64, dtype=None, extra_layer=False):
   import keras  # pylint: disable=g-import-not-at-top
   model = keras.Sequential([
       keras.Input((64,)),
-      keras.layers.Dense(hidden, activation="relu", dtype=dtype),
-      keras.layers.Dense(10, dtype=dtype)])
+      keras.layers.Dense(hidden, activation="relu", dtype=dtype)] +
+      ([keras.layers.Dense(hidden, activation="relu")] if extra_layer
+       else []) + [keras.layers.Dense(10, dtype=dtype)])
   opt = (keras.optimizers.Adam(params.get("lr", 0.01))
          if params.get("optimizer") == "adam"
          else keras.optimizers.SGD(params.get("lr", 0.1)))
@@ -98,7 +99,8 @@ def fit(params):
   if params.get("empty_data"):
     x, y = x[:0], y[:0]
   with strategy.scope():
-    model = _mlp(params, hidden, dtype)
+    model = _mlp(params, hidden, dtype, extra_layer=(
+        strategy.worker_index == params.get("extra_layer_worker", -1)))
   me = strategy.worker_index
   records, step_times, gaps, epoch_ends = [], [], [], []
   fit_start = [time.perf_counter()]
