@@ -2,10 +2,11 @@
 
 Each worker measures its compute step rate as an exponential moving average
 of steps / compute time, where compute time excludes the time it waits for
-and communicates with the others. Rows travel with the averaging collective
-(so all members plan from the same snapshot) and are also published to
-TensorFlow's coordination-service key-value store, so any worker can read the
-whole table at any time (`OscarsStrategy.step_rate_table()`).
+and communicates with the others. At every round end the rows go through the
+chief's membership decision (membership.py), so all members plan from the
+same snapshot; at most once a second each worker also publishes its row under
+its own key of the coordination service's key-value store, so any worker can
+read the whole table at any time (`OscarsStrategy.step_rate_table()`).
 """
 
 import json

@@ -1,9 +1,11 @@
 """The planner: step-rate table in, plan for the next round out.
 
-Pure Python (no TensorFlow): every worker runs `plan()` on the same table
-snapshot (it travels with the averaging collective) and the same config, and
-so gets the same plan, byte for byte, with no leader. `Plan.digest()` is the
-short hash workers log every round to show it.
+Pure Python (no TensorFlow): every member runs `plan()` on the same table
+snapshot (the chief's round decision carries it, see membership.py) and the
+same config, and so gets the same plan, byte for byte: the chief decides who
+is in a round, never what the plan is. `Plan.digest()` is the short hash
+workers log every round to show it. `with_members` takes the workers dropped
+from a round out of its groups.
 
 Words (DESIGN.md): a *round* ends at an averaging point; worker i runs
 `local_steps[i] ≈ rate_i · T` steps in it, so fast and slow workers arrive
