@@ -200,20 +200,7 @@ class Rounds:
            "state": (dataclasses.asdict(state)
                      if dataclasses.is_dataclass(state) else None)})
       if decision.round != self.round:  # dropped, now let back in
-        logging.warning(
-            "oscars_tf: worker %d was dropped at round %d (late at its round "
-            "end) and rejoins at round %d with the group's model.", self.me,
-            self.round, decision.round)
-        self.round, self.epoch_done = decision.round, decision.epoch_done
-        self.meter.reset()  # the stall is not its speed
-        adopted = decision.chief_plan or {}
-        self.epoch_offset = adopted.get("epoch", self.epoch_index) - (
-            self.epoch_index)
-        self.plan = dataclasses.replace(
-            self.plan, epoch_end=bool(adopted.get("epoch_end", False)))
-        if adopted.get("state") is not None:
-          self.plan = dataclasses.replace(
-              self.plan, state=type(self.plan.state)(**adopted["state"]))
+        self._adopt(decision)
     self._t_table = time.monotonic()
     self._decision = decision
     if decision.dropped or decision.newcomers:
@@ -252,6 +239,25 @@ class Rounds:
             np.int32(key), np.int32(size), np.bool_(nccl), np.bool_(whole),
             *(np.dtype(d.as_numpy_dtype).type(v)
               for (_, d), v in zip(HIER_FIELDS, hier)))
+
+  def _adopt(self, decision):
+    """A rejoining worker takes the cluster's round, epoch accounting and
+    planner state from the chief, so it plans and ends epochs like the
+    others from here on."""
+    logging.warning(
+        "oscars_tf: worker %d was dropped at round %d (late at its round "
+        "end) and rejoins at round %d with the group's model.", self.me,
+        self.round, decision.round)
+    self.round, self.epoch_done = decision.round, decision.epoch_done
+    self.meter.reset()  # the stall is not its speed
+    adopted = decision.chief_plan or {}
+    self.epoch_offset = adopted.get("epoch", self.epoch_index) - (
+        self.epoch_index)
+    self.plan = dataclasses.replace(
+        self.plan, epoch_end=bool(adopted.get("epoch_end", False)))
+    if adopted.get("state") is not None:
+      self.plan = dataclasses.replace(
+          self.plan, state=type(self.plan.state)(**adopted["state"]))
 
   def _on_averaged(self, table_vec, divergence, step, bytes_sent):
     now = time.monotonic()
