@@ -98,7 +98,7 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
   for epoch in range(initial_epoch, epochs):
     total, count = 0.0, 0
     if oscars:
-      strategy.begin_epoch(cluster_steps)
+      strategy.begin_epoch(cluster_steps, epoch)
       more = lambda: not strategy.epoch_over
     else:
       share = math.ceil(cluster_steps / num_workers)
@@ -119,6 +119,10 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
     losses.append(total / max(count, 1))
     if on_epoch_end is not None:
       on_epoch_end(epoch, losses[-1])
+    if oscars and strategy.cluster_epoch(epoch) >= epochs - 1:
+      break  # rejoined after a stall: the cluster is at its last epoch
+  if oscars:
+    strategy.end_training()
   stats["steps"] = step
   return losses, stats
 

@@ -378,7 +378,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     self._rounds.begin_epoch(getattr(self, "_epoch_target", None))
     self._rounds.mark_round_start()
 
-  def begin_custom_epoch(self, cluster_steps):
+  def begin_custom_epoch(self, cluster_steps, epoch=None):
     """A custom loop's epoch of `cluster_steps` steps over all workers."""
     if self.plans_epochs():  # the plan ends it at a round boundary
       self._epoch_target, self._epoch_end_step = cluster_steps, None
@@ -386,7 +386,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
       self._epoch_target = None
       self._epoch_end_step = (int(self._rounds.local_step.numpy()) +
                               -(-cluster_steps // self._cluster.num_workers))
-    self.begin_epoch()
+    self.begin_epoch(epoch)
 
   def cluster_epoch(self, epoch):
     """The cluster's number for this worker's `epoch` (they differ after

@@ -182,7 +182,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     """
     return self.extended.sync_now()
 
-  def begin_epoch(self, cluster_steps):
+  def begin_epoch(self, cluster_steps, epoch=None):
     """Custom training loops: starts an epoch of `cluster_steps` steps.
 
     `cluster_steps` counts the steps of all workers together (a data set's
@@ -195,13 +195,27 @@ class OscarsStrategy(tf.distribute.Strategy):
           train_step(iterator)
         strategy.sync()
 
-    `int(cluster_steps)` must be >= 1.
+    `int(cluster_steps)` must be >= 1. Give `epoch` (0-based) to let a
+    worker that was dropped and rejoined find where the cluster is: see
+    `cluster_epoch` and `end_training`.
     """
     if (isinstance(cluster_steps, bool) or
         not isinstance(cluster_steps, (int, np.integer)) or cluster_steps < 1):
       raise ValueError("begin_epoch: `cluster_steps` must be an int >= 1, "
                        f"got {cluster_steps!r}.")
-    self.extended.begin_custom_epoch(int(cluster_steps))
+    self.extended.begin_custom_epoch(int(cluster_steps), epoch)
+
+  def cluster_epoch(self, epoch):
+    """The cluster's number for this worker's `epoch`: the same, unless the
+    worker was dropped (a stall) and rejoined, missing epochs. A custom loop
+    of E epochs stops when `cluster_epoch(epoch) >= E - 1`; `fit` does."""
+    return self.extended.cluster_epoch(epoch)
+
+  def end_training(self):
+    """The chief marks the end of training, so a worker still dropped stops
+    waiting to rejoin (with an error saying so). `fit` calls it; a custom
+    loop calls it after its last epoch."""
+    self.extended.end_training()
 
   @property
   def epoch_over(self):
