@@ -92,7 +92,7 @@ class Rounds:
         averaging.GroupAverager(self.n, self._global_key, averaging_device,
                                 communication, timeout))
     with tf.device(host_device), tf.init_scope():
-      k, key, size, scale, nccl, whole = self._my_part(self.plan, 0)
+      k, scale = self._my_steps(self.plan, 0)
       self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="oscars_local_step")
       self.next_sync = tf.Variable(k, dtype=tf.int64, trainable=False,
@@ -101,25 +101,22 @@ class Rounds:
                                         name="oscars_last_sync_step")
       self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False,
                                name="oscars_syncs")
-      self.group_key = tf.Variable(key, dtype=tf.int32, trainable=False)
-      self.group_size = tf.Variable(size, dtype=tf.int32, trainable=False)
+      # Group, key and weight come from the round's membership decision at
+      # the round end (see _exchange); only these carry over between rounds.
       self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
-      self.use_nccl = tf.Variable(nccl, dtype=tf.bool, trainable=False)
-      self.is_global = tf.Variable(whole, dtype=tf.bool, trainable=False)
-      # Where this worker stands in a hierarchical global sync.
-      self.hier = {
-          name: tf.Variable(value, dtype=dtype, trainable=False)
-          for (name, dtype), value in zip(
-              HIER_FIELDS, self._hier_part(self.plan))}
 
   # -- Python side (py_function bodies and eager helpers) -----------------
 
-  def _my_part(self, plan, step):
-    """This worker's share of `plan`, as the values of its plan variables."""
+  def _my_steps(self, plan, step):
+    """The step of this worker's next averaging point, and its FedNova
+    update scale, under `plan`."""
+    return step + plan.local_steps[self.me], plan.update_scales[self.me]
+
+  def _my_group(self, plan):
+    """This worker's group in `plan`: key, size, one host?, global?"""
     group = plan.group_of(self.me)
     one_host = len({self.hosts[i] for i in group}) == 1
-    return (step + plan.local_steps[self.me], averaging.group_key_for(group),
-            len(group), plan.update_scales[self.me], one_host,
+    return (averaging.group_key_for(group), len(group), one_host,
             plan.global_sync)
 
   def _hier_part(self, plan):
@@ -136,14 +133,9 @@ class Rounds:
 
   def _assign_plan(self, step):
     """Eagerly points the plan variables at `self.plan` (epoch starts)."""
-    k, key, size, scale, nccl, whole = self._my_part(self.plan, step)
-    for var, value in ((self.next_sync, k), (self.group_key, key),
-                       (self.group_size, size),
-                       (self.scale, scale), (self.use_nccl, nccl),
-                       (self.is_global, whole)):
-      var.assign(value)
-    for (name, _), value in zip(HIER_FIELDS, self._hier_part(self.plan)):
-      self.hier[name].assign(value)
+    k, scale = self._my_steps(self.plan, step)
+    self.next_sync.assign(k)
+    self.scale.assign(scale)
 
   def mark_round_start(self):
     """Time from here on counts as compute (called at starts and resumes)."""
@@ -233,7 +225,7 @@ class Rounds:
                     "has non-finite weights: training diverged (try a lower "
                     "learning rate).", self.me, self.round, list(group))
       takes_model = False
-    _, key, size, _, nccl, whole = self._my_part(self.plan, step)
+    key, size, nccl, whole = self._my_group(self.plan)
     hier = self._hier_part(self.plan)
     return (rows.reshape(-1), np.float32(weight), np.bool_(takes_model),
             np.int32(key), np.int32(size), np.bool_(nccl), np.bool_(whole),
@@ -310,8 +302,8 @@ class Rounds:
     logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                  self.me, self.round, self.plan.digest(),
                  list(self.plan.local_steps), list(self.plan.groups))
-    # The KV table is for people and tools (plans come from the collective
-    # table), so it is refreshed at most every PUBLISH_EVERY_S: two RPCs to
+    # The published rows are for people and tools (plans come from the
+    # round's decision), so they are refreshed at most every PUBLISH_EVERY_S: two RPCs to
     # the coordination service per round would cost short rounds dearly.
     if self.publish and now - self._t_published >= PUBLISH_EVERY_S:
       self._t_published = now
@@ -322,12 +314,8 @@ class Rounds:
         logging.warning("oscars_tf: could not publish the rate row: %s", e)
     self._last_sync_step = int(step)
     self._t_round_start = time.monotonic()
-    k, key, size, scale, nccl, whole = self._my_part(self.plan, int(step))
-    hier = self._hier_part(self.plan)
-    return (np.int64(k), np.int32(key), np.int32(size),
-            np.float32(scale), np.bool_(nccl), np.bool_(whole),
-            *(np.dtype(d.as_numpy_dtype).type(v)
-              for (_, d), v in zip(HIER_FIELDS, hier)))
+    k, scale = self._my_steps(self.plan, int(step))
+    return np.int64(k), np.float32(scale)
 
   def begin_epoch(self, target_steps=None):
     """Starts an epoch (eager); `target_steps` are cluster-wide steps.
@@ -411,19 +399,11 @@ class Rounds:
       with tf.control_dependencies([written]):
         written = tf.cond(poisoned, reset_state, tf.no_op)
     with tf.control_dependencies([written]):
-      outs = tf.py_function(self._on_averaged,
-                            [table, divergence, step, sent],
-                            [tf.int64, tf.int32, tf.int32, tf.float32,
-                             tf.bool, tf.bool] +
-                            [d for _, d in HIER_FIELDS])
-    updates = [self.next_sync.assign(tf.reshape(outs[0], [])),
-               self.group_key.assign(tf.reshape(outs[1], [])),
-               self.group_size.assign(tf.reshape(outs[2], [])),
-               self.scale.assign(tf.reshape(outs[3], [])),
-               self.use_nccl.assign(tf.reshape(outs[4], [])),
-               self.is_global.assign(tf.reshape(outs[5], [])),
-               *(self.hier[name].assign(tf.reshape(out, []))
-                 for (name, _), out in zip(HIER_FIELDS, outs[6:])),
+      next_sync, scale = tf.py_function(
+          self._on_averaged, [table, divergence, step, sent],
+          [tf.int64, tf.float32])
+    updates = [self.next_sync.assign(tf.reshape(next_sync, [])),
+               self.scale.assign(tf.reshape(scale, [])),
                self.last_sync_step.assign(step),
                self.syncs.assign_add(1)]
     return tf.group(updates)
