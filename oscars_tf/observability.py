@@ -114,7 +114,26 @@ def merge_timelines(logdir):
   return out
 
 
+# The command line. It has no flags; -h and --help print this.
+USAGE = "python -m oscars_tf.observability merge LOGDIR"
+DESCRIPTION = (
+    "Joins the timeline_worker_<i>.json files under LOGDIR into one Chrome "
+    "trace,\nLOGDIR/timeline.json (Perfetto, chrome://tracing); prints its "
+    "path.")
+HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
+
+
+def main(argv):
+  args = argv[1:]
+  if any(arg in HELP_ARGS for arg in args):
+    print(f"usage: {USAGE}\n\n{DESCRIPTION}")
+    return 0
+  if len(args) != 2 or args[0] != "merge":
+    print(f"usage: {USAGE}\nTry --help.", file=sys.stderr)
+    return 1
+  print(merge_timelines(args[1]))
+  return 0
+
+
 if __name__ == "__main__":
-  if len(sys.argv) != 3 or sys.argv[1] != "merge":
-    sys.exit("usage: python -m oscars_tf.observability merge LOGDIR")
-  print(merge_timelines(sys.argv[2]))
+  sys.exit(main(sys.argv))
