@@ -53,6 +53,11 @@ def choose_communication(requested, device_types, hosts):
   return "NCCL" if all_gpu and len(set(hosts)) == 1 else "RING"
 
 
+# What a collective raises when a peer died, stalled or aborted.
+PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+               tf.errors.CancelledError, tf.errors.AbortedError)
+
+
 def group_key_for(members):
   """A group key per distinct membership (a sorted tuple of worker ids)."""
   members = tuple(sorted(members))

@@ -16,11 +16,15 @@ where those meet TensorFlow's strategy contract:
   `strategy.run` all average at the same planned points.
 """
 
+import contextlib
 import zlib
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
+from tensorflow.python.framework import func_graph
+from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf import averaging
 from oscars_tf import inputs
@@ -34,6 +38,16 @@ from oscars_tf.replicas import component_variables as _component_variables
 from oscars_tf.replicas import is_float as _is_float
 
 OPTIMIZER_STATES = ("local", "average")
+
+
+def _inside_while_loop():
+  """Whether the function being traced runs inside a tf.while_loop."""
+  graph = tf.compat.v1.get_default_graph()
+  while isinstance(graph, func_graph.FuncGraph):
+    if isinstance(graph, control_flow_util_v2.WhileBodyFuncGraph):
+      return True
+    graph = graph.outer_graph
+  return False
 
 
 class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
@@ -80,10 +94,10 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     self._outer_state = {}        # outer optimizer: (start, momentum) copies
     self._sync_functions = {}
     self._suppress_sharding = 0
-
-  @property
-  def _local_step(self):
-    return self._rounds.local_step
+    self._epoch_target = None     # fit: cluster steps per planned epoch
+    self._epoch_end_step = None   # custom loop: this worker's last step
+    self._logdir = None
+    self._summaries = None
 
   def _learning_rate(self):
     optimizer = self._tracked[1] if self._tracked else None
@@ -97,6 +111,21 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def track(self, model, optimizer=None):
     """Average `model`'s weights (and `optimizer`'s slots if asked)."""
     self._tracked = (model, optimizer)
+
+  def start(self):
+    """Checks and broadcasts the tracked variables now (eager, at `fit`'s
+    start), not at the first step: a worker whose shard turns out to be
+    empty still takes part, and so the averaging points can be ended
+    without a step of its own (see `finish_epoch`)."""
+    variables = self._variables_to_average([])
+    if variables:
+      self._last_variables = variables
+      self._start_once(variables)
+
+  @property
+  def rounds(self):
+    """The round bookkeeping (`rounds.Rounds`) of this worker."""
+    return self._rounds
 
   def _variables_to_average(self, updated):
     if self._tracked is None:
@@ -165,8 +194,28 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     step = self._rounds.step_ops()
     if not (self._cluster.is_multi_worker or self._local_sgd):
       return
+    if _inside_while_loop():
+      # TensorFlow matches a collective's members by instance key *and* by
+      # the while-loop iteration it runs in; inside a loop (Keras'
+      # steps_per_execution > 1, a custom loop over tf.range) a fast and a
+      # slow worker reach the same round end in different iterations and
+      # would never meet. The round end then runs as its own function,
+      # outside the loop's frame.
+      end = self._end_round_function(variables)
+      tf.cond(step >= self._rounds.next_sync,
+              lambda: tf.py_function(end, [step, loss], []), tf.no_op)
+      return
     tf.cond(step >= self._rounds.next_sync,
             lambda: self._round_end(variables, step, loss), tf.no_op)
+
+  def _end_round_function(self, variables):
+    """A function (step, loss) ending the round of `variables` (cached)."""
+    key = self._key(variables)
+    if key not in self._sync_functions:
+      def end_round(step, loss):
+        self._round_end(variables, step, loss)
+      self._sync_functions[key] = tf.function(end_round, autograph=False)
+    return self._sync_functions[key]
 
   def _round_end(self, variables, step, loss):
     key = self._key(variables)
@@ -244,7 +293,8 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
             self._schedule.fingerprint(),
             OPTIMIZER_STATES.index(self._optimizer_state),
             ("RING", "NCCL").index(self._communication),
-            self._outer.fingerprint() if self._outer else 0]
+            self._outer.fingerprint() if self._outer else 0,
+            self._rounds.step_quantum]
 
   def _start_once(self, variables):
     """Checks that workers agree, then broadcasts worker 0's model.
@@ -277,7 +327,8 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
 
   def _check_workers_agree(self, variables):
     names = ["variable count", "element count", "shapes/dtypes", "schedule",
-             "optimizer_state", "communication", "outer_optimizer"]
+             "optimizer_state", "communication", "outer_optimizer",
+             "steps_per_execution"]
     mine = self._signature(variables)
     low, high = self._collective_or_timeout(
         lambda: self._averager.min_max(mine), "the start of training")
@@ -293,19 +344,56 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def _collective_or_timeout(self, fn, what):
     try:
       return fn()
-    except tf.errors.DeadlineExceededError:
-      raise PeerTimeoutError(
-          f"worker {self._cluster.worker_index}: not every one of the "
-          f"{self._cluster.num_workers} workers reached {what} within "
-          f"{self._averager.timeout:.0f} s (collective_timeout). A worker may "
-          "have died, stalled, or stopped training earlier than the others."
-      ) from None
-    except (tf.errors.UnavailableError, tf.errors.CancelledError,
-            tf.errors.AbortedError) as e:
-      raise WorkerLostError(
-          f"worker {self._cluster.worker_index}: a peer is gone at {what} "
-          f"({type(e).__name__}); a worker may have died or stopped training "
-          "earlier than the others.") from e
+    except averaging.PEER_ERRORS as e:
+      raise self.peer_error(e, what) from e
+
+  def peer_error(self, error, what):
+    """The clear error for a TensorFlow error of a collective at `what`."""
+    me = self._cluster.worker_index
+    if isinstance(error, tf.errors.DeadlineExceededError):
+      return PeerTimeoutError(
+          f"worker {me}: not every one of the {self._cluster.num_workers} "
+          f"workers reached {what} within {self._averager.timeout:.0f} s "
+          "(collective_timeout). A worker may have died, stalled, or stopped "
+          "training earlier than the others.")
+    return WorkerLostError(
+        f"worker {me}: a peer is gone at {what} ({type(error).__name__}); a "
+        "worker may have died or stopped training earlier than the others. "
+        "This process's collectives are now aborted: restart the job (from "
+        "a checkpoint; oscars-launch --restarts does this).")
+
+  @contextlib.contextmanager
+  def unsharded(self):
+    """Datasets given to the strategy inside are not split by worker (the
+    Keras front ends split `fit` inputs themselves)."""
+    self._suppress_sharding += 1
+    try:
+      yield
+    finally:
+      self._suppress_sharding -= 1
+
+  @property
+  def cluster(self):
+    """The `cluster.ClusterInfo` of this worker."""
+    return self._cluster
+
+  @property
+  def schedule(self):
+    return self._schedule
+
+  @property
+  def logdir(self):
+    """Where this worker writes its round summaries, or None."""
+    return self._logdir
+
+  def set_steps_per_execution(self, steps):
+    """Keras' steps per call: rounds then end with a call (see
+    `scheduler.quantized`). Every worker must use the same."""
+    self._rounds.step_quantum = max(1, int(steps))
+
+  def set_epoch_target(self, cluster_steps):
+    """`fit`'s planned epochs: cluster-wide steps per epoch, or None."""
+    self._epoch_target = cluster_steps
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""
@@ -323,17 +411,33 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
 
   def average_now(self):
     """Ends the round now, whatever the plan said (eager)."""
-    variables = self._last_variables
-    key = self._key(variables)
-    if key not in self._sync_functions:
-      def end_round():
-        self._round_end(variables, self._rounds.local_step.read_value(),
-                        tf.constant(np.nan, tf.float32))
-      self._sync_functions[key] = tf.function(end_round, autograph=False)
-    self._collective_or_timeout(self._sync_functions[key], "an averaging point")
+    end = self._end_round_function(self._last_variables)
+    self._collective_or_timeout(
+        lambda: end(self._rounds.local_step.read_value(),
+                    tf.constant(np.nan, tf.float32)), "an averaging point")
 
   def mark_round_start(self):
     self._rounds.mark_round_start()
+
+  def finish_epoch(self):
+    """Ends this worker's epoch together with the others (eager).
+
+    Where the plan ends epochs (a planned stream), they are already over on
+    every worker at the same round. Otherwise this worker's data ran out (or
+    its loop stopped): it ends its round now with the steps it took, marked
+    out of data, and then takes part in the next rounds with no steps of its
+    own (weight 0: it takes its group's model) until every member's data has
+    run out. That round averages all members and ends the epoch on all of
+    them: whatever each worker's input, no worker waits at a collective that
+    another never reaches.
+    """
+    rounds = self._rounds
+    if (not (self._cluster.is_multi_worker or self._local_sgd) or
+        not self._last_variables or rounds.epoch_over):
+      return
+    rounds.exhausted = True
+    while not rounds.epoch_over:
+      self.average_now()
 
   def end_training(self):
     """The chief tells workers still dropped that training is over."""
@@ -352,7 +456,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def set_logdir(self, logdir):
     """Writes this worker's round summaries under `logdir` from now on."""
     from oscars_tf import observability  # pylint: disable=g-import-not-at-top
-    if logdir and logdir != getattr(self, "_logdir", None):
+    if logdir and logdir != self._logdir:
       self._logdir = logdir
       self._summaries = observability.RoundSummaries(
           logdir, self._cluster.worker_index, self._cluster.is_chief)
@@ -361,7 +465,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
   def finish_logs(self):
     """Flushes summaries and writes this worker's timeline (if logging)."""
     from oscars_tf import observability  # pylint: disable=g-import-not-at-top
-    if getattr(self, "_logdir", None):
+    if self._logdir:
       self._summaries.flush()
       observability.write_timeline(self._logdir, self._rounds.history,
                                    self._cluster.worker_index)
@@ -375,7 +479,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     """Keras epoch start: plan the epoch's end if it is cluster-wide."""
     if epoch is not None:
       self._rounds.epoch_index = epoch
-    self._rounds.begin_epoch(getattr(self, "_epoch_target", None))
+    self._rounds.begin_epoch(self._epoch_target)
     self._rounds.mark_round_start()
 
   def begin_custom_epoch(self, cluster_steps, epoch=None):
@@ -394,7 +498,7 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     return epoch + self._rounds.epoch_offset
 
   def custom_epoch_over(self):
-    end = getattr(self, "_epoch_end_step", None)
+    end = self._epoch_end_step
     if end is None:
       return self._rounds.epoch_over
     return int(self._rounds.local_step.numpy()) >= end
@@ -422,10 +526,72 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
             "round": r.round, **r.totals}
 
   # -- roles --------------------------------------------------------------
+  # TensorFlow's multi-worker contract, as `MultiWorkerMirroredStrategy`'s
+  # extended answers it: code written for that strategy (TF's tutorials, the
+  # tf_keras callbacks' `distributed_file_utils`) finds the same answers here.
+
+  @property
+  def _cluster_resolver(self):
+    """The user's `ClusterResolver`, else one built from the cluster (see
+    `cluster.resolver_for`); `Strategy.cluster_resolver` returns it."""
+    if getattr(self, "_roles_resolver", None) is None:
+      from oscars_tf import cluster  # pylint: disable=g-import-not-at-top
+      self._roles_resolver = cluster.resolver_for(self._cluster,
+                                                  self.worker_devices)
+    return self._roles_resolver
+
+  @_cluster_resolver.setter
+  def _cluster_resolver(self, resolver):
+    self._roles_resolver = resolver
+
+  @property
+  def _task_type(self):
+    return self._cluster_resolver.task_type
+
+  @property
+  def _task_id(self):
+    return self._cluster_resolver.task_id
+
+  @property
+  def _id_in_cluster(self):
+    return self._cluster.worker_index
+
+  @property
+  def _num_workers(self):
+    return self._cluster.num_workers
+
+  @property
+  def _is_chief(self):
+    return self._cluster.is_chief
+
+  def _in_multi_worker_mode(self):
+    """Whether this strategy indicates working in multi-worker settings."""
+    return self._cluster.is_multi_worker
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    # In multi-worker mode TF reduces a plain (not per-replica) tensor as the
+    # worker's one value, across workers: TF's distributed iterators count
+    # the workers that still have data so (`input_lib`, on every worker with
+    # a GPU or several devices). Reductions here are worker-local, so it is
+    # the worker's own value (MirroredStrategy's rule would fail for SUM).
+    from tensorflow.python.distribute import cross_device_ops, values
+    if (self._cluster.is_multi_worker and tf.is_tensor(value) and
+        not isinstance(value, values.DistributedValues)):
+      cross_device_ops.validate_destinations(destinations)
+      return cross_device_ops.simple_broadcast(value, destinations)
+    return super()._reduce_to(reduce_op, value, destinations, options)
 
   @property
   def should_checkpoint(self):
     return self._cluster.is_chief
+
+  @property
+  def should_save_summary(self):
+    return self._cluster.is_chief
+
+  @property
+  def experimental_should_init(self):
+    return True
 
   @property
   def experimental_between_graph(self):

@@ -79,17 +79,21 @@ class Membership:
 
   # -- every worker --------------------------------------------------------
 
-  def exchange(self, round_, row, epoch_done=0, chief_plan=None):
+  def exchange(self, round_, row, epoch_done=0, chief_plan=None,
+               expected_s=0.0):
     """Arrives at the end of `round_` with `row`; returns the Decision.
 
     On the chief this also decides: `epoch_done` and `chief_plan` (a dict)
-    are what newcomers adopt to plan like the others. A worker
+    are what newcomers adopt to plan like the others; `expected_s` is how
+    long the others should still take (a chief that arrives early, its data
+    run out, waits that long before the straggler timeout starts). A worker
     dropped from `round_` waits to rejoin and returns the decision of the
     round it rejoins in, whose number is then larger than `round_`.
     """
     self.store.set(f"{PREFIX}a/{round_}/{self.me}", _dump(row))
     if self.me == 0:
-      decision = self._decide(round_, row, epoch_done, chief_plan)
+      decision = self._decide(round_, row, epoch_done, chief_plan,
+                              expected_s)
     else:
       decision = self._await(round_, self._timeout(round_))
     if self.me not in decision.members:
@@ -159,12 +163,13 @@ class Membership:
 
   # -- the chief -----------------------------------------------------------
 
-  def _decide(self, round_, my_row, epoch_done, chief_plan):
+  def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = [None] * self.n
     rows[0] = tuple(my_row)
     t0 = time.monotonic()
-    deadline = t0 + (self.straggler_timeout if round_ else
-                     self.first_round_timeout)
+    wait = min(max(0.0, expected_s), self.decision_timeout)
+    deadline = t0 + wait + (self.straggler_timeout if round_ else
+                            self.first_round_timeout)
     arrived, dropped = [0], []
     for j in self.members:
       if j == 0:

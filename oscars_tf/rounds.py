@@ -29,6 +29,9 @@ from oscars_tf import scheduler
 
 ROW = len(scheduler.FIELDS)
 FIELD_HEALTHY = scheduler.FIELDS.index("healthy")
+FIELD_STEPS = scheduler.FIELDS.index("steps")
+FIELD_EXHAUSTED = scheduler.FIELDS.index("exhausted")
+NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
 HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
                ("weight_in_host", tf.float32), ("is_leader", tf.bool),
@@ -65,6 +68,12 @@ class Rounds:
     self.epoch_index = 0         # this worker's epoch (Keras' numbering)
     self.epoch_offset = 0        # the cluster's epoch less this worker's:
                                  # > 0 after it rejoined (it missed some)
+    self.exhausted = False       # this worker's data for the epoch ran out
+    self.step_quantum = 1        # k_i are multiples of it (Keras'
+                                 # steps_per_execution; same on all workers)
+    self._epoch_agreed = False   # this round's members were all exhausted
+    self._logged_imputed = frozenset()
+    self._logged_period = None
     self._weighting = getattr(schedule, "weighting", "work")
     self._t_round_start = None
     self._t_first_step = None
@@ -176,8 +185,20 @@ class Rounds:
     self._arrival_steps = steps
     self._arrival_compute = compute
     row = [self.meter.rate, self.round, float(loss), self._last_divergence,
-           float(self.learning_rate_fn()), steps, float(bool(finite))]
+           float(self.learning_rate_fn()), steps, float(bool(finite)),
+           float(self.exhausted)]
     return self._exchange(row, int(step))
+
+  def _others_still_due_s(self):
+    """Seconds until the members still training should arrive: the chief,
+    out of data early, waits that long before its straggler timeout runs."""
+    if not self.exhausted:
+      return 0.0
+    due = [k / r for j, (k, r) in enumerate(zip(self.plan.local_steps,
+                                                self.plan.rates))
+           if j != self.me and j in self.members and r > 0]
+    elapsed = time.monotonic() - (self._t_round_start or time.monotonic())
+    return max([0.0] + [1.5 * d - elapsed for d in due if math.isfinite(d)])
 
   def _exchange(self, row, step):
     """The round's membership and table, then this worker's part in it:
@@ -188,9 +209,11 @@ class Rounds:
       state = self.plan.state
       decision = self.membership.exchange(
           self.round, row, self.epoch_done,
-          {"epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
-           "state": (dataclasses.asdict(state)
-                     if dataclasses.is_dataclass(state) else None)})
+          chief_plan={"epoch_end": self.plan.epoch_end,
+                      "epoch": self.epoch_index,
+                      "state": (dataclasses.asdict(state)
+                                if dataclasses.is_dataclass(state) else None)},
+          expected_s=self._others_still_due_s())
       if decision.round != self.round:  # dropped, now let back in
         self._adopt(decision)
     self._t_table = time.monotonic()
@@ -206,7 +229,11 @@ class Rounds:
     rows = np.full([self.n, ROW], np.nan)
     for j, r in enumerate(decision.rows):
       if r is not None:
-        rows[j] = r
+        rows[j, :len(r)] = r[:ROW]
+    steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
+    exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
+    self.plan, self._epoch_agreed = scheduler.with_arrivals(
+        self.plan, decision.members, steps, exhausted, self._weighting)
     healthy = [j in decision.members and rows[j, FIELD_HEALTHY] > 0.5
                for j in range(self.n)]
     self._poisoned = [j for j in decision.members if not healthy[j]]
@@ -284,22 +311,26 @@ class Rounds:
         "planned_all": list(self.plan.local_steps)})
     self.round += 1
     ended = self.plan
-    self.plan = self.schedule.plan(table, self.round, self.plan.state)
-    if self.epoch_target is not None:
+    self.plan = self._quantized(
+        self.schedule.plan(table, self.round, self.plan.state))
+    if self._epoch_agreed:  # every member's data ran out
+      self.epoch_over = True
+    elif self.epoch_target is not None:
       self.epoch_done += sum(e.steps for e in table.entries)
       remaining = self.epoch_target - self.epoch_done
       if ended.epoch_end or remaining <= 0:
         self.epoch_over = True  # every worker ends the epoch here
       else:
-        self.plan = scheduler.fit_to_epoch(self.plan, remaining,
-                                           self._weighting)
+        self.plan = self._quantized(scheduler.fit_to_epoch(
+            self.plan, remaining, self._weighting))
     if self.observer is not None:
       try:
         self.observer(self.history[-1], table, self.plan)
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("oscars_tf: summaries failed (training goes on): %s",
                         e)
-    logging.info("oscars_tf: worker %d round %d plan %s k=%s groups=%s",
+    self._log_changes()
+    logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                  self.me, self.round, self.plan.digest(),
                  list(self.plan.local_steps), list(self.plan.groups))
     # The published rows are for people and tools (plans come from the
@@ -315,7 +346,32 @@ class Rounds:
     self._last_sync_step = int(step)
     self._t_round_start = time.monotonic()
     k, scale = self._my_steps(self.plan, int(step))
+    if self.epoch_over:
+      # No round ends until the next epoch starts: steps Keras runs past the
+      # epoch's end (the rest of a steps_per_execution batch) count toward
+      # the next epoch's first round, planned when that epoch begins.
+      k = NO_SYNC
     return np.int64(k), np.float32(scale)
+
+  def _quantized(self, plan):
+    return scheduler.quantized(plan, self.step_quantum, self._weighting)
+
+  def _log_changes(self):
+    """State changes once each (plan lines are at --v=1)."""
+    imputed = frozenset(self.plan.imputed) & frozenset(self.members)
+    if self.round > 1 and imputed != self._logged_imputed:
+      if imputed:
+        logging.warning("oscars_tf: worker %d round %d: no usable rate from "
+                        "worker(s) %s; planning them at the median rate.",
+                        self.me, self.round, sorted(imputed))
+      self._logged_imputed = imputed
+    period = getattr(self.plan.state, "period", None)
+    if period != self._logged_period:
+      if self._logged_period is not None:
+        logging.info("oscars_tf: worker %d round %d: period %.3g -> %.3g "
+                     "steps of the fastest worker.", self.me, self.round,
+                     self._logged_period, period)
+      self._logged_period = period
 
   def begin_epoch(self, target_steps=None):
     """Starts an epoch (eager); `target_steps` are cluster-wide steps.
@@ -324,12 +380,13 @@ class Rounds:
     steps add up to it, and `epoch_over` turns True at that round's end on
     every worker.
     """
-    self.epoch_done, self.epoch_over = 0, False
+    self.epoch_done, self.epoch_over, self.exhausted = 0, False, False
     self.epoch_target = target_steps
     if target_steps is not None:
       self.plan = scheduler.fit_to_epoch(self.plan, target_steps,
                                          self._weighting)
-      self._assign_plan(int(self.local_step.numpy()))
+    self.plan = self._quantized(self.plan)
+    self._assign_plan(int(self.local_step.numpy()))
 
   # -- graph side ----------------------------------------------------------
 

@@ -16,15 +16,14 @@ together every round and all workers every `global_every` rounds.
 import dataclasses
 import hashlib
 import json
-import logging
 import math
+import statistics
 from typing import Optional, Sequence, Tuple
 
-log = logging.getLogger("oscars_tf")
 
 PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
 FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
-          "healthy")
+          "healthy", "exhausted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +36,7 @@ class TableEntry:
   learning_rate: float = math.nan  # the optimizer's learning rate then
   steps: int = 0                   # local steps it ran in that round
   healthy: bool = True             # its weights were all finite then
+  exhausted: bool = False          # its data for the epoch had run out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +54,12 @@ class StepRateTable:
     """From a sequence of per-worker sequences in FIELDS order."""
     entries = []
     for row in rows:
-      rate, rnd, loss, div, lr, steps, healthy = (float(x) for x in row)
+      values = [float(x) for x in row] + [0.0] * (len(FIELDS) - len(row))
+      rate, rnd, loss, div, lr, steps, healthy, exhausted = values
       entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
                                 loss, div, lr,
                                 int(steps) if math.isfinite(steps) else 0,
-                                healthy > 0.5))
+                                healthy > 0.5, exhausted > 0.5))
     return cls(tuple(entries), tuple(hosts))
 
   @property
@@ -89,6 +90,7 @@ class Plan:
   rates: Tuple[float, ...]           # the rates planned with (imputed)
   state: PlannerState
   epoch_end: bool = False            # the epoch ends with this round
+  imputed: Tuple[int, ...] = ()      # planned at the median: no usable rate
 
   def group_of(self, worker: int) -> Tuple[int, ...]:
     for g in self.groups:
@@ -122,9 +124,10 @@ def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
   """Rates to plan with: bad or stale entries replaced by the median.
 
   A missing, non-finite, non-positive or stale (measured more than
-  `max_staleness` rounds ago) rate is ignored with a warning, and the worker
-  is planned at the median of the good rates (1.0 if there are none), so
-  one bad row never crashes or skews the plan.
+  `max_staleness` rounds ago) rate is ignored, and the worker is planned at
+  the median of the good rates (1.0 if there are none), so one bad row never
+  crashes or skews the plan. The plan names those workers (`imputed`); the
+  caller logs when that set changes, not every round.
   """
   good, bad = {}, []
   for i, e in enumerate(table.entries):
@@ -134,19 +137,8 @@ def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
       good[i] = e.rate
     else:
       bad.append(i)
-  fill = _median(list(good.values())) if good else 1.0
-  # Round 1 plans from round 0, whose rates are not measured (start-up).
-  if bad and round_ > 1:
-    log.warning("oscars_tf: round %d: ignoring missing/stale/non-finite rates "
-                "of worker(s) %s; planning them at %.3g steps/s", round_, bad,
-                fill)
+  fill = statistics.median(good.values()) if good else 1.0
   return tuple(good.get(i, fill) for i in range(table.size)), tuple(bad)
-
-
-def _median(xs):
-  xs = sorted(xs)
-  n = len(xs)
-  return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def make_groups(rates: Sequence[float], hosts: Sequence[str], grouping: str,
@@ -200,7 +192,7 @@ def plan(table: StepRateTable, config, round_: int,
   state = config.period_rule.update(state, table, config)
   period = min(max(state.period, config.min_period), config.max_period)
   fastest, slowest = max(rates), min(rates)
-  median = _median(list(rates))
+  median = statistics.median(rates)
   stragglers = tuple(i for i, r in enumerate(rates)
                      if r < config.straggler_ratio * median)
   # T is about the fastest worker's `period` steps, rounded to a whole number
@@ -232,7 +224,8 @@ def plan(table: StepRateTable, config, round_: int,
   return Plan(round=round_, time_budget=time_budget, local_steps=local_steps,
               groups=groups, weights=weights,
               update_scales=scales, global_sync=global_sync,
-              stragglers=stragglers, rates=rates, state=new_state)
+              stragglers=stragglers, rates=rates, state=new_state,
+              imputed=bad)
 
 
 def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
@@ -242,7 +235,7 @@ def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
   n = table.size
   rates, _ = usable_rates(table, round_, max_staleness=3)
   k = 1 if round_ < warmup_steps else every
-  median = _median(list(rates))
+  median = statistics.median(rates)
   state = state or PlannerState(period=float(every), global_every=1)
   return Plan(round=round_, time_budget=k / median, local_steps=(k,) * n,
               groups=(tuple(range(n)),), weights=(1.0 / n,) * n,
@@ -305,6 +298,61 @@ def with_members(p: Plan, members, newcomers=(), weighting="work") -> Plan:
   return dataclasses.replace(p, groups=groups, weights=weights,
                              update_scales=scales,
                              global_sync=p.global_sync or bool(newcomers))
+
+
+def with_arrivals(p: Plan, members, steps, exhausted,
+                  weighting="work") -> Tuple[Plan, bool]:
+  """`p` as the members really arrived: (plan, epoch over?).
+
+  A member whose data for the epoch ran out (`exhausted`) arrives with the
+  steps it took (maybe 0: it idles through the rounds until every member's
+  data has run out). In a round with such a member, weights follow the
+  steps really taken, so a member that took none adds nothing and takes its
+  group's model. When every member is exhausted the epoch is over on all of
+  them at once, and the round averages all members together. Without an
+  exhausted member `p` is returned unchanged.
+  """
+  members = tuple(sorted(members))
+  if not any(exhausted[i] for i in members):
+    return p, False
+  over = all(exhausted[i] for i in members)
+  n = len(p.local_steps)
+  if over:
+    groups = (members,) + tuple((i,) for i in range(n) if i not in members)
+  else:
+    groups = p.groups
+  taken = [max(0, int(steps[i])) for i in range(n)]
+  weights, scales = [0.0] * n, [1.0] * n
+  for g in groups:
+    work = sum(taken[i] for i in g)
+    for i in g:
+      if work == 0:  # nothing new anywhere in the group: a plain mean
+        weights[i] = 1.0 / len(g)
+      elif weighting == "work":
+        weights[i] = taken[i] / work
+      else:  # "equal", "normalized": equal among those that took steps
+        weights[i] = (1.0 / sum(1 for j in g if taken[j]) if taken[i]
+                      else 0.0)
+  return dataclasses.replace(
+      p, groups=groups, weights=tuple(weights), update_scales=tuple(scales),
+      global_sync=p.global_sync or over, epoch_end=p.epoch_end or over), over
+
+
+def quantized(p: Plan, quantum: int, weighting="work") -> Plan:
+  """`p` with every k_i rounded up to a whole number of `quantum` steps.
+
+  Keras runs `steps_per_execution` steps per call; with k_i a multiple of
+  it (and rounds starting at a call's start) every round, the epoch's last
+  included, ends with a call, and no step runs past an epoch's end.
+  """
+  if quantum <= 1:
+    return p
+  steps = tuple(-(-k // quantum) * quantum for k in p.local_steps)
+  if steps == p.local_steps:
+    return p
+  weights, scales = weights_and_scales(p.groups, steps, weighting)
+  return dataclasses.replace(p, local_steps=steps, weights=weights,
+                             update_scales=scales)
 
 
 def _steps_in(rate, budget):

@@ -59,13 +59,17 @@ def worker_env(extra=None):
 
 
 def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
-        kill_on_failure=True, expect_success=True, hosts=None):
-  """Runs `scenario` of worker_programs.py on `num_workers` processes."""
+        kill_on_failure=True, expect_success=True, hosts=None, program=None,
+        env=None):
+  """Runs `scenario` of worker_programs.py (or of `program`, a path whose
+  first argument is then the params) on `num_workers` processes."""
   outdir = tempfile.mkdtemp(prefix=f"oscars_{scenario}_")
   params = dict(params or {}, outdir=outdir)
   log = _Log()
-  job = launch.Job([sys.executable, str(WORKER_PROGRAM), scenario,
-                    json.dumps(params)], num_workers, env=worker_env(),
+  command = ([sys.executable, str(program), json.dumps(params)] if program
+             else [sys.executable, str(WORKER_PROGRAM), scenario,
+                   json.dumps(params)])
+  job = launch.Job(command, num_workers, env=worker_env(env),
                    worker_env=per_worker_env, out=log, hosts=hosts)
   try:
     if kill_on_failure:

@@ -34,8 +34,8 @@ def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,
 
 def test_fewer_samples_than_workers_is_refused_before_training():
   import keras  # pylint: disable=g-import-not-at-top
-  from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
+  from oscars_tf.frontends import fit_inputs  # pylint: disable=g-import-not-at-top
   del keras
   with pytest.raises(ValueError, match="1 training sample"):
-    keras_integration._check_has_samples(np.zeros((1, 4)), 2)  # pylint: disable=protected-access
-  keras_integration._check_has_samples(np.zeros((2, 4)), 2)  # pylint: disable=protected-access
+    fit_inputs.check_has_samples(np.zeros((1, 4)), 2)
+  fit_inputs.check_has_samples(np.zeros((2, 4)), 2)

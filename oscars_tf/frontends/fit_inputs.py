@@ -1,0 +1,186 @@
+"""Each worker's share of a `fit` input, for every input kind Keras takes.
+
+Two ways to split an epoch between workers:
+
+* **planned** (the Adaptive schedule, where the epoch's length is known):
+  each worker draws batches from an endless stream of its own, and an epoch
+  ends when the cluster as a whole has taken a data set's worth of steps
+  (fast workers more of them), at the round boundary the plan sets;
+* **sharded** (the Fixed schedule, or an input whose length is unknown):
+  each worker reads its own shard once per epoch; when its data runs out
+  it waits at the round protocol until every worker's has
+  (`extended.finish_epoch`), so unequal shards cannot hang.
+
+Either way the cluster sees each training sample about once per epoch.
+Nothing here imports Keras: the flavour passes what it knows (its PyDataset
+class, its validation split) through `Flavour`.
+"""
+
+import dataclasses
+import itertools
+import warnings
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+
+@dataclasses.dataclass(frozen=True)
+class Flavour:
+  """What a Keras flavour tells the input code about itself."""
+  name: str
+  py_dataset_types: tuple        # keras.utils.PyDataset / Sequence
+  shard_py_dataset: Callable     # (data, num_workers, index) -> PyDataset
+  stream_py_dataset: Optional[Callable]  # (data, index) -> endless, or None
+  split_validation: Callable     # ((x, y, sw), fraction) -> (train, val)
+
+
+@dataclasses.dataclass
+class FitInput:
+  """A worker's training input, as `fit` will get it."""
+  x: Any
+  y: Any = None
+  sample_weight: Any = None
+  batch_size: Optional[int] = None
+  steps_per_epoch: Optional[int] = None
+  shuffle: Any = True
+  cluster_steps: Optional[int] = None  # planned: steps per cluster epoch
+  kind: str = ""                       # for the log line
+
+
+def is_array_like(data):
+  leaves = tf.nest.flatten(data)
+  return bool(leaves) and all(
+      isinstance(a, (np.ndarray, tf.Tensor)) or _is_pandas(a) for a in leaves)
+
+
+def _is_pandas(a):
+  return type(a).__module__.startswith("pandas")
+
+
+def _to_numpy(data):
+  return tf.nest.map_structure(
+      lambda a: a.to_numpy() if _is_pandas(a) else a, data)
+
+
+def num_samples(x):
+  """Rows of an array input, batches of a dataset or PyDataset of known
+  length, else None."""
+  if is_array_like(x):
+    return len(tf.nest.flatten(x)[0])
+  if isinstance(x, tf.data.Dataset):
+    card = int(x.cardinality())
+    return card if card >= 0 else None
+  return None
+
+
+def check_has_samples(x, num_workers):
+  """Empty training data would stop a worker deep inside Keras' iterator (a
+  bare StopIteration) while its peers wait for it: fail clearly here."""
+  n = num_samples(x)
+  if n is None:
+    return
+  if n == 0:
+    raise ValueError("oscars_tf: `fit` got no training data (0 samples or "
+                     "batches); every worker needs at least one batch.")
+  if n < num_workers:
+    raise ValueError(f"oscars_tf: `fit` got {n} training sample(s) or "
+                     f"batch(es) for {num_workers} workers; each needs at "
+                     "least one.")
+
+
+def split_for_worker(flavour, inp, num_workers, index, planned):
+  """This worker's `FitInput` (see the module docstring).
+
+  `planned`: the schedule plans cluster-wide epochs (Adaptive); an input
+  whose epoch length is unknown is sharded all the same.
+  """
+  x = inp.x
+  if is_array_like(x):
+    return _arrays(inp, num_workers, index, planned)
+  if isinstance(x, tf.data.Dataset):
+    return _dataset(inp, num_workers, index, planned)
+  if isinstance(x, flavour.py_dataset_types):
+    return _py_dataset(flavour, inp, num_workers, index, planned)
+  if _is_iterator(x):
+    return _generator(inp, num_workers, index)
+  warnings.warn(f"oscars_tf: cannot split a {type(x).__name__} between "
+                "workers; each reads all of it, and each epoch ends when "
+                "every worker's has run out. Give each worker its own data, "
+                "e.g. chosen by strategy.worker_index.")
+  return dataclasses.replace(inp, kind=f"unsplit {type(x).__name__}")
+
+
+def _arrays(inp, w, i, planned):
+  data = _to_numpy(tuple(a for a in (inp.x, inp.y, inp.sample_weight)
+                         if a is not None))
+  n = len(tf.nest.flatten(data)[0])
+  batch = inp.batch_size or 32
+  if planned:
+    # Every worker shuffles all samples with its own seed: each sample is
+    # drawn about once per cluster epoch, however fast each worker is.
+    stream = tf.data.Dataset.from_tensor_slices(data)
+    if inp.shuffle:
+      stream = stream.shuffle(n, seed=1000 + i, reshuffle_each_iteration=True)
+    else:
+      stream = stream.shard(w, i)
+    stream = stream.repeat().batch(batch, drop_remainder=True)
+    cluster = inp.steps_per_epoch * w if inp.steps_per_epoch else -(-n // batch)
+    return FitInput(_planned(stream), shuffle=False, cluster_steps=cluster,
+                    kind="arrays, planned")
+  usable = n - n % w
+  if n % w:
+    logging.info("oscars_tf: %d of %d samples are left out of each epoch so "
+                 "every worker gets the same number.", n - usable, n)
+  x, y, sw = tf.nest.map_structure(
+      lambda a: None if a is None else a[i:usable:w],
+      _to_numpy((inp.x, inp.y, inp.sample_weight)))
+  return dataclasses.replace(inp, x=x, y=y, sample_weight=sw,
+                             kind="arrays, sharded")
+
+
+def _dataset(inp, w, i, planned):
+  ds, spe = inp.x, inp.steps_per_epoch
+  card = int(ds.cardinality())
+  if planned and (card >= 0 or spe):
+    cluster = spe * w if spe else card
+    return FitInput(_planned(ds.shard(w, i).repeat()), shuffle=False,
+                    cluster_steps=cluster, kind="tf.data, planned")
+  if card >= 0:  # equal shards: workers of a Fixed schedule stay in step
+    ds = ds.take(card - card % w)
+  return dataclasses.replace(inp, x=ds.shard(w, i), kind=(
+      "tf.data, sharded" if card != tf.data.UNKNOWN_CARDINALITY else
+      "tf.data of unknown length, sharded"))
+
+
+def _py_dataset(flavour, inp, w, i, planned):
+  data = inp.x
+  if planned and flavour.stream_py_dataset is not None:
+    length = len(data)
+    cluster = inp.steps_per_epoch * w if inp.steps_per_epoch else length
+    return FitInput(_planned(flavour.stream_py_dataset(data, i)),
+                    shuffle=False,
+                    cluster_steps=cluster, kind="PyDataset, planned")
+  return dataclasses.replace(inp, x=flavour.shard_py_dataset(data, w, i),
+                             kind="PyDataset, sharded")
+
+
+def _planned(stream):
+  """Marks the endless stream whose epochs the plan ends (the flavour's
+  epoch iterator looks for the mark; validation data has none)."""
+  stream._oscars_planned_epochs = True  # pylint: disable=protected-access
+  return stream
+
+
+def _is_iterator(x):
+  return hasattr(x, "__next__") and hasattr(x, "__iter__")
+
+
+def _generator(inp, w, i):
+  # A generator can only be split by reading it: worker i keeps elements
+  # i, i + w, ... so the cluster trains on each element once.
+  def own_elements():
+    yield from itertools.islice(inp.x, i, None, w)
+  return dataclasses.replace(inp, x=own_elements(),
+                             kind="generator, every n-th element")

@@ -1,0 +1,339 @@
+"""Keras 3: `model.fit/evaluate/predict` correct under OscarsStrategy.
+
+Every hook into Keras 3's internals is here, each with why; each is guarded
+by `tests/test_frontends.py`, which fails loudly when a Keras upgrade moves
+one. `install()` wraps the methods of Keras 3's TensorFlow trainer; the
+wrappers act only for models built under an OscarsStrategy.
+
+For `fit` they give each worker its share of the input (`fit_inputs`), add
+two callbacks (`fit_hooks`: the agreed epoch end, log averaging before any
+other callback, the stop agreement after all of them), let only the chief
+write checkpoints and backups, and give each other worker its own
+TensorBoard directory. `evaluate` and `predict` run on every worker over
+the whole input with no collective: after `fit` all workers hold the same
+averaged model, so they all return the same numbers.
+"""
+
+import contextlib
+import functools
+import inspect
+import os
+
+import keras
+import numpy as np
+from absl import logging
+
+from oscars_tf import averaging
+from oscars_tf.frontends import fit_hooks
+from oscars_tf.frontends import fit_inputs
+
+_installed = False
+
+
+def _oscars_extended(model):
+  strategy = getattr(model, "_distribute_strategy", None)
+  extended = getattr(strategy, "extended", None)
+  return extended if hasattr(extended, "finish_epoch") else None
+
+
+# -- inputs -------------------------------------------------------------------
+
+
+class ShardedPyDataset(keras.utils.PyDataset):
+  """Batches `index`, `index + n`, ... of a PyDataset: one worker's shard.
+
+  Equal shards (the last `len % n` batches are left out) keep workers of a
+  Fixed schedule in step. `workers`, `use_multiprocessing` and
+  `max_queue_size` are the wrapped dataset's, so its loading stays parallel.
+  """
+
+  def __init__(self, data, num_workers, index):
+    super().__init__(workers=data.workers,
+                     use_multiprocessing=data.use_multiprocessing,
+                     max_queue_size=data.max_queue_size)
+    self.data, self.num_workers, self.index = data, num_workers, index
+
+  def __len__(self):
+    return len(self.data) // self.num_workers
+
+  def __getitem__(self, i):
+    if not 0 <= i < len(self):
+      raise IndexError(f"batch {i} of a shard of {len(self)}")
+    return self.data[self.index + i * self.num_workers]
+
+  def on_epoch_begin(self):
+    self.data.on_epoch_begin()
+
+  def on_epoch_end(self):
+    self.data.on_epoch_end()
+
+
+class StreamPyDataset(keras.utils.PyDataset):
+  """An endless stream of a PyDataset's batches, in an order of this
+  worker's own (a permutation per pass, seeded by the worker and the pass):
+  each batch is drawn about once per cluster epoch."""
+
+  def __init__(self, data, index):
+    super().__init__(workers=data.workers,
+                     use_multiprocessing=data.use_multiprocessing,
+                     max_queue_size=data.max_queue_size)
+    self.data, self.index = data, index
+    self._order = (None, None)
+
+  @property
+  def num_batches(self):
+    return None  # endless: the plan ends each epoch
+
+  def __getitem__(self, i):
+    length = len(self.data)
+    cycle, pos = divmod(i, length)
+    if self._order[0] != cycle:
+      rng = np.random.default_rng([1000 + self.index, cycle])
+      self._order = (cycle, rng.permutation(length))
+    return self.data[int(self._order[1][pos])]
+
+
+def _split_validation(arrays, fraction):
+  # Keras' own split, so validation_split means what it means without us.
+  from keras.src.trainers.data_adapters import array_slicing  # pylint: disable=g-import-not-at-top
+  return array_slicing.train_validation_split(arrays,
+                                              validation_split=fraction)
+
+
+FLAVOUR = fit_inputs.Flavour(
+    name="keras3", py_dataset_types=(keras.utils.PyDataset,),
+    shard_py_dataset=ShardedPyDataset, stream_py_dataset=StreamPyDataset,
+    split_validation=_split_validation)
+
+
+# -- callbacks ----------------------------------------------------------------
+
+
+class _EpochCallback(keras.callbacks.Callback):
+  """First callback: the agreed epoch end and averaged logs (fit_hooks)."""
+
+  def __init__(self, hooks):
+    super().__init__()
+    self._hooks = hooks
+
+  def on_train_begin(self, logs=None):
+    self._hooks.train_begin()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._hooks.train_batch_end()
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._hooks.epoch_begin(epoch)
+
+  def on_test_begin(self, logs=None):
+    self._hooks.test_begin()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._hooks.epoch_end(logs)
+
+  def on_train_end(self, logs=None):
+    self._hooks.train_end()
+
+
+class _StopCallback(keras.callbacks.Callback):
+  """Last callback: whether to stop, agreed by all workers (fit_hooks)."""
+
+  def __init__(self, hooks):
+    super().__init__()
+    self._hooks = hooks
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.model.stop_training = self._hooks.should_stop(
+        epoch, self.model.stop_training)
+
+
+class _PlannedProgbar(keras.callbacks.ProgbarLogger):
+  """Keras learns an endless input's epoch length from the first epoch and
+  then counts past it ("22/21"): a planned epoch's length is this worker's
+  own, and differs from epoch to epoch, so it is learnt anew each epoch."""
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.target = None
+    super().on_epoch_begin(epoch, logs)
+
+
+def _worker_callbacks(callbacks, info):
+  """Chief-only writes and per-worker log directories."""
+  if info.is_chief:
+    return callbacks
+  for cb in callbacks:
+    # Keras' ModelCheckpoint and BackupAndRestore write from every process:
+    # on a shared path the workers race and corrupt the file.
+    if isinstance(cb, keras.callbacks.ModelCheckpoint):
+      cb._save_model = lambda *a, **k: None  # pylint: disable=protected-access
+    elif isinstance(cb, keras.callbacks.BackupAndRestore):
+      cb._save_model = lambda *a, **k: None  # pylint: disable=protected-access
+      cb.delete_checkpoint = False
+    elif isinstance(cb, keras.callbacks.TensorBoard):
+      own = f"worker_{info.worker_index}"
+      if os.path.basename(os.path.normpath(cb.log_dir)) != own:  # once only
+        cb.log_dir = os.path.join(cb.log_dir, own)
+  return callbacks
+
+
+# -- fit ----------------------------------------------------------------------
+
+
+def _prepare_fit(model, extended, args):
+  """Rewrites `fit` arguments for this worker; returns (args, planned)."""
+  info = extended.cluster
+  if model.jit_compile:
+    # The train step holds the averaging collective and py_functions, which
+    # XLA cannot compile.
+    logging.info("oscars_tf: XLA is turned off for the train step, which "
+                 "holds the averaging collective.")
+    model.jit_compile = False
+  extended.track(model, model.optimizer)
+  extended.set_steps_per_execution(model.steps_per_execution)
+  if not extended.logdir:  # log next to Keras' TensorBoard callback
+    for cb in args["callbacks"] or []:
+      if isinstance(cb, keras.callbacks.TensorBoard):
+        extended.set_logdir(cb.log_dir)
+  fit_inputs.check_has_samples(args["x"], info.num_workers)
+  extended.set_epoch_target(None)
+  args["callbacks"] = list(args["callbacks"] or [])
+  if not info.is_multi_worker:
+    return args, False
+  x, y, sw = args["x"], args["y"], args["sample_weight"]
+  if (args["validation_split"] and args["validation_data"] is None and
+      fit_inputs.is_array_like(x)):
+    (x, y, sw), args["validation_data"] = _split_validation(
+        (x, y, sw), args["validation_split"])
+    args["validation_split"] = 0.0
+  inp = fit_inputs.split_for_worker(
+      FLAVOUR, fit_inputs.FitInput(
+          x, y, sw, args["batch_size"], args["steps_per_epoch"],
+          args["shuffle"]),
+      info.num_workers, info.worker_index, extended.plans_epochs())
+  logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
+               inp.kind)
+  args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
+              batch_size=inp.batch_size, steps_per_epoch=inp.steps_per_epoch,
+              shuffle=inp.shuffle)
+  planned = inp.cluster_steps is not None
+  if planned:
+    args.update(batch_size=None, steps_per_epoch=None)
+    extended.set_epoch_target(inp.cluster_steps)
+  if args["verbose"] in ("auto", 1) and not info.is_chief:
+    args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
+  args["callbacks"] = _worker_callbacks(args["callbacks"], info)
+  if planned and args["verbose"] not in (0, 2):
+    args["callbacks"].append(_PlannedProgbar())
+  return args, planned
+
+
+def _wrap_fit(original):
+  signature = inspect.signature(original)
+
+  @functools.wraps(original)
+  def fit(self, *args, **kwargs):
+    extended = _oscars_extended(self)
+    if extended is None:
+      return original(self, *args, **kwargs)
+    bound = signature.bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    call = dict(bound.arguments)
+    call.pop("self")
+    call, planned = _prepare_fit(self, extended, call)
+    hooks = fit_hooks.FitHooks(extended, call["epochs"])
+    call["callbacks"] = ([_EpochCallback(hooks)] + list(call["callbacks"]) +
+                         [_StopCallback(hooks)])
+    with extended.unsharded(), _peer_errors_explained(extended), \
+        _planned_epochs(planned):
+      return original(self, **call)
+  return fit
+
+
+@contextlib.contextmanager
+def _planned_epochs(planned):
+  """Lets the plan end each epoch of an endless input (see below).
+
+  Keras 3's `fit` builds its `TFEpochIterator` by name from the trainer
+  module, so the class is swapped there for the length of the call.
+  """
+  if not planned:
+    yield
+    return
+  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+  original = trainer.TFEpochIterator
+  trainer.TFEpochIterator = _planned_iterator_class(original)
+  try:
+    yield
+  finally:
+    trainer.TFEpochIterator = original
+
+
+@functools.lru_cache(maxsize=None)
+def _planned_iterator_class(base):
+
+  class PlannedEpochIterator(base):
+    """Keras' epoch iterator, for a stream whose epochs the plan ends.
+
+    One endless iterator serves the whole `fit`; each epoch yields steps
+    (`steps_per_execution` at a time) until the round that ends the epoch
+    has ended on this worker, which happens on every worker at the same
+    round. Validation inside `fit` builds its own, finite iterator.
+    """
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      self._rounds = self._distribute_strategy.extended.rounds
+      self._planned = getattr(kwargs.get("x"), "_oscars_planned_epochs",
+                              False)
+      self._stream = None
+
+    def _enumerate_iterator(self):
+      if not self._planned:
+        yield from super()._enumerate_iterator()
+        return
+      if self._stream is None:
+        self._stream = iter(self._get_iterator())
+      # The first batch always: Keras also iterates before the first epoch
+      # begins (to build the model from one batch), when the last `fit`'s
+      # epoch is still over.
+      step = 0
+      while step == 0 or not self._rounds.epoch_over:
+        yield step, step + self.steps_per_execution - 1, self._stream
+        step += self.steps_per_execution
+
+  return PlannedEpochIterator
+
+
+@contextlib.contextmanager
+def _peer_errors_explained(extended):
+  """Turns a failed averaging collective inside the step into a clear error."""
+  try:
+    yield
+  except averaging.PEER_ERRORS as e:
+    if "Collective" not in str(e):
+      raise
+    raise extended.peer_error(e, "an averaging point") from e
+
+
+def _wrap_unsharded(original):
+  @functools.wraps(original)
+  def method(self, *args, **kwargs):
+    extended = _oscars_extended(self)
+    if extended is None:
+      return original(self, *args, **kwargs)
+    with extended.unsharded():
+      return original(self, *args, **kwargs)
+  return method
+
+
+def install():
+  """Installs the wrappers once per process (idempotent)."""
+  global _installed
+  if _installed:
+    return
+  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+  cls = trainer.TensorFlowTrainer
+  cls.fit = _wrap_fit(cls.fit)
+  cls.evaluate = _wrap_unsharded(cls.evaluate)
+  cls.predict = _wrap_unsharded(cls.predict)
+  _installed = True

@@ -1,0 +1,263 @@
+"""The worker program of the front-end matrix (tests/test_frontends.py).
+
+    python frontend_programs.py '{"flavour": "keras3", "cases": [...], ...}'
+
+One job runs many cases in a row, as one user's script would: each case
+builds a model in the strategy's scope, feeds `fit` one input kind and
+records what the test checks (a projection of the final weights, the
+batches this worker trained on per epoch, the history). A case that hangs
+stalls the job, which the test's timeout ends, naming the last case begun.
+Writes <outdir>/worker_<index>.json.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+N, FEATURES, CLASSES, BATCH = 240, 8, 3, 16
+
+
+def _keras(flavour):
+  if flavour == "tf_keras":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras as keras  # pylint: disable=g-import-not-at-top
+    return keras
+  import keras  # pylint: disable=g-import-not-at-top
+  return keras
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(N, FEATURES)).astype("float32")
+  w = rng.normal(size=(FEATURES, CLASSES))
+  y = np.argmax(x @ w, axis=1).astype("int64")
+  return x, y
+
+
+class _Cases:
+  """Each method feeds `fit` one way; returns the History."""
+
+  def __init__(self, keras, tf, strategy, outdir):
+    self.keras, self.tf, self.strategy, self.outdir = keras, tf, strategy, outdir
+    self.x, self.y = _data()
+    self.me = strategy.worker_index
+
+  def model(self, steps_per_execution=1, inputs=None):
+    keras = self.keras
+    with self.strategy.scope():
+      if inputs == "dict":
+        a = keras.Input((FEATURES // 2,), name="a")
+        b = keras.Input((FEATURES // 2,), name="b")
+        h = keras.layers.Dense(16, activation="relu")(
+            keras.layers.Concatenate()([a, b]))
+        model = keras.Model({"a": a, "b": b}, keras.layers.Dense(CLASSES)(h))
+      else:
+        model = keras.Sequential([
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES)])
+      kwargs = {"steps_per_execution": steps_per_execution}
+      model.compile(optimizer=keras.optimizers.SGD(0.05),
+                    loss=keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True),
+                    metrics=["accuracy"], **kwargs)
+    return model
+
+  def _ds(self):
+    return self.tf.data.Dataset.from_tensor_slices((self.x, self.y))
+
+  # -- input kinds ------------------------------------------------------
+
+  def arrays(self, model, cb):
+    keras = self.keras
+    path = os.path.join(self.outdir, "ckpt.keras" if self._k3() else "ckpt.h5")
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=3,
+                     validation_split=0.2, verbose=0, callbacks=cb + [
+                         keras.callbacks.EarlyStopping(patience=5),
+                         keras.callbacks.ReduceLROnPlateau(patience=1),
+                         keras.callbacks.ModelCheckpoint(path)])
+
+  def dict_arrays(self, model, cb):
+    half = FEATURES // 2
+    x = {"a": self.x[:, :half], "b": self.x[:, half:]}
+    return model.fit(x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb, validation_data=(x, self.y))
+
+  def pandas(self, model, cb):
+    import pandas as pd  # pylint: disable=g-import-not-at-top
+    return model.fit(pd.DataFrame(self.x), pd.Series(self.y),
+                     batch_size=BATCH, epochs=2, verbose=0, callbacks=cb)
+
+  def weights(self, model, cb):
+    sw = np.linspace(0.5, 1.5, N).astype("float32")
+    return model.fit(self.x, self.y, sample_weight=sw, batch_size=BATCH,
+                     epochs=2, verbose=0, callbacks=cb,
+                     class_weight={0: 1.0, 1: 2.0, 2: 0.5})
+
+  def dataset(self, model, cb):
+    val = self._ds().batch(BATCH)
+    return model.fit(self._ds().shuffle(N, seed=1).batch(BATCH), epochs=2,
+                     verbose=0, callbacks=cb, validation_data=val)
+
+  def dataset_unknown_length(self, model, cb):
+    ds = self._ds().filter(lambda x, y: x[0] < 1.5).batch(BATCH)
+    val = self._ds().filter(lambda x, y: x[1] < 1.0).batch(BATCH)
+    return model.fit(ds, epochs=2, verbose=0, callbacks=cb,
+                     validation_data=val)
+
+  def dataset_infinite(self, model, cb):
+    ds = self._ds().shuffle(N, seed=2).repeat().batch(BATCH)
+    return model.fit(ds, steps_per_epoch=N // BATCH // 3, epochs=2,
+                     verbose=0, callbacks=cb)
+
+  def dataset_from_generator(self, model, cb):
+    x, y = self.x, self.y
+
+    def gen():
+      yield from zip(x, y)
+    ds = self.tf.data.Dataset.from_generator(gen, output_signature=(
+        self.tf.TensorSpec((FEATURES,), "float32"),
+        self.tf.TensorSpec((), "int64"))).batch(BATCH).repeat()
+    return model.fit(ds, steps_per_epoch=N // BATCH // 3, epochs=2,
+                     verbose=0, callbacks=cb)
+
+  def _py_dataset(self, **kwargs):
+    base = (self.keras.utils.PyDataset if self._k3()
+            else self.keras.utils.Sequence)
+    x, y = self.x, self.y
+
+    class Batches(base):
+
+      def __init__(self):
+        if kwargs:
+          super().__init__(**kwargs)
+        else:
+          super().__init__()
+
+      def __len__(self):
+        return -(-len(x) // BATCH)
+
+      def __getitem__(self, i):
+        return x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+    return Batches()
+
+  def py_dataset(self, model, cb):
+    return model.fit(self._py_dataset(), epochs=2, verbose=0, callbacks=cb,
+                     validation_data=self._py_dataset())
+
+  def py_dataset_workers(self, model, cb):
+    data = self._py_dataset(workers=2, use_multiprocessing=True)
+    return model.fit(data, epochs=2, verbose=0, callbacks=cb)
+
+  def generator(self, model, cb):
+    x, y = self.x, self.y
+
+    def batches():
+      while True:
+        for i in range(0, len(x), BATCH):
+          yield x[i:i + BATCH], y[i:i + BATCH]
+    return model.fit(batches(), steps_per_epoch=N // BATCH // 3, epochs=2,
+                     verbose=0, callbacks=cb)
+
+  def steps_per_execution(self, model, cb):
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb, validation_data=(self.x, self.y))
+
+  # -- lifecycle --------------------------------------------------------
+
+  def recompile(self, model, cb):
+    keras = self.keras
+    model.fit(self.x, self.y, batch_size=BATCH, epochs=1, verbose=0)
+    model.layers[0].trainable = False  # fine-tuning: freeze, compile again
+    with self.strategy.scope():
+      model.compile(optimizer=keras.optimizers.Adam(0.01),
+                    loss=keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True), metrics=["accuracy"])
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb)
+
+  def evaluate_then_fit(self, model, cb):
+    model.evaluate(self.x, self.y, verbose=0)
+    history = model.fit(self.x, self.y, batch_size=BATCH, epochs=2,
+                        verbose=0, callbacks=cb)
+    model.predict(self.x[:32], verbose=0)
+    return history
+
+  def save_and_load(self, model, cb):
+    history = model.fit(self.x, self.y, batch_size=BATCH, epochs=2,
+                        verbose=0, callbacks=cb)
+    path = os.path.join(self.outdir, f"model_{self.me}." +
+                        ("keras" if self._k3() else "h5"))
+    model.save(path)
+    with self.strategy.scope():
+      loaded = self.keras.models.load_model(path)
+    loaded.fit(self.x, self.y, batch_size=BATCH, epochs=1, verbose=0,
+               callbacks=cb)
+    self.loaded = loaded
+    return history
+
+  def _k3(self):
+    return not self.keras.__name__.startswith("tf_keras")
+
+
+def main(params):
+  keras = _keras(params.get("flavour", "keras3"))
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  schedule = (oscars_tf.schedules.Fixed(params["every"]) if params.get("every")
+              else oscars_tf.schedules.Adaptive())
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=schedule, collective_timeout=params.get("timeout", 60),
+      straggler_timeout=params.get("straggler_timeout", 30))
+  me = strategy.worker_index
+  cases = _Cases(keras, tf, strategy, params["outdir"])
+  out = {"cases": {}}
+  path = os.path.join(params["outdir"], f"worker_{me}.json")
+  for name in params["cases"]:
+    keras.utils.set_random_seed(me)  # different starts: equality is earned
+    print(f"case {name} begins", flush=True)
+    t0 = time.perf_counter()
+    spe = 4 if name == "steps_per_execution" else 1
+    model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None)
+    counter = _step_counter(keras, strategy)
+    history = getattr(cases, name)(model, [counter])
+    final = getattr(cases, "loaded", None) if name == "save_and_load" else (
+        model)
+    flat = np.concatenate([np.ravel(v.numpy()) for v in final.weights])
+    out["cases"][name] = {
+        "weights": flat.astype(np.float64).tolist(),
+        "batches": counter.batches,
+        "epochs": len(history.history["loss"]),
+        "history": {k: [float(v) for v in vs]
+                    for k, vs in history.history.items()},
+        "seconds": time.perf_counter() - t0}
+    with open(path + ".tmp", "w") as f:
+      json.dump(out, f)
+    os.replace(path + ".tmp", path)
+    print(f"case {name} ends", flush=True)
+
+
+def _step_counter(keras, strategy):
+
+  class StepCounter(keras.callbacks.Callback):
+    """Training steps this worker took, per epoch (whatever
+    steps_per_execution: the strategy counts its updates)."""
+
+    def __init__(self):
+      super().__init__()
+      self.batches = []
+      self._start = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self._start = strategy.stats()["local_step"]
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.batches.append(strategy.stats()["local_step"] - self._start)
+  return StepCounter()
+
+
+if __name__ == "__main__":
+  main(json.loads(sys.argv[1]))
