@@ -7,6 +7,7 @@ and no collective is launched by the runtime itself between averaging points.
 """
 
 import copy
+import signal
 
 from absl import logging
 import tensorflow as tf
@@ -67,6 +68,21 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
       protocol=info.rpc_layer, port=port)
   logging.info("oscars_tf: starting worker %d of %d at %s",
                info.worker_index, info.num_workers, info.address)
+  sigterm = signal.getsignal(signal.SIGTERM)
   context.context().enable_collective_ops(server_def)
   context.context().ensure_initialized()
+  _restore_sigterm(sigterm)
   _started = info
+
+
+def _restore_sigterm(previous):
+  """Undoes TensorFlow's SIGTERM handler (its coordination agent's
+  preemption notifier, which the strategy does not use): with it a worker
+  ignores the SIGTERM of Slurm, Kubernetes or oscars-launch, and so do the
+  processes it forks (a PyDataset's multiprocessing pool then never ends)."""
+  try:
+    signal.signal(signal.SIGTERM, previous if previous is not None
+                  else signal.SIG_DFL)
+  except ValueError:  # not the main thread: leave it
+    logging.warning("oscars_tf: the strategy was created outside the main "
+                    "thread; TensorFlow's SIGTERM handler stays in place.")

@@ -91,11 +91,14 @@ class _Cases:
     return model.fit(pd.DataFrame(self.x), pd.Series(self.y),
                      batch_size=BATCH, epochs=2, verbose=0, callbacks=cb)
 
-  def weights(self, model, cb):
+  def sample_weight(self, model, cb):
     sw = np.linspace(0.5, 1.5, N).astype("float32")
     return model.fit(self.x, self.y, sample_weight=sw, batch_size=BATCH,
-                     epochs=2, verbose=0, callbacks=cb,
-                     class_weight={0: 1.0, 1: 2.0, 2: 0.5})
+                     epochs=2, verbose=0, callbacks=cb)
+
+  def class_weight(self, model, cb):
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb, class_weight={0: 1.0, 1: 2.0, 2: 0.5})
 
   def dataset(self, model, cb):
     val = self._ds().batch(BATCH)

@@ -261,11 +261,14 @@ def _planned_epochs(planned):
     return
   from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
   original = trainer.TFEpochIterator
-  trainer.TFEpochIterator = _planned_iterator_class(original)
+  planned_class = _planned_iterator_class(original)
+  trainer.TFEpochIterator = planned_class
   try:
     yield
   finally:
     trainer.TFEpochIterator = original
+    while planned_class.open_streams:  # stops a PyDataset's loader threads
+      planned_class.open_streams.pop().close_stream()
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,6 +283,8 @@ def _planned_iterator_class(base):
     round. Validation inside `fit` builds its own, finite iterator.
     """
 
+    open_streams = []
+
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
       self._rounds = self._distribute_strategy.extended.rounds
@@ -292,7 +297,11 @@ def _planned_iterator_class(base):
         yield from super()._enumerate_iterator()
         return
       if self._stream is None:
+        # One "epoch" of the data adapter spans the whole fit (a PyDataset's
+        # loader runs from here to close_stream).
+        self.data_adapter.on_epoch_begin()
         self._stream = iter(self._get_iterator())
+        type(self).open_streams.append(self)
       # The first batch always: Keras also iterates before the first epoch
       # begins (to build the model from one batch), when the last `fit`'s
       # epoch is still over.
@@ -300,6 +309,17 @@ def _planned_iterator_class(base):
       while step == 0 or not self._rounds.epoch_over:
         yield step, step + self.steps_per_execution - 1, self._stream
         step += self.steps_per_execution
+
+    def reset(self):
+      # Keras resets once after reading a batch to build the model, which
+      # ends the adapter's epoch: the stream is opened anew.
+      super().reset()
+      self._stream = None
+
+    def close_stream(self):
+      if self._stream is not None:
+        self._stream = None
+        self.data_adapter.on_epoch_end()
 
   return PlannedEpochIterator
 
