@@ -27,6 +27,7 @@ class ClusterInfo:
   task_type: str
   task_id: int
   rpc_layer: str = "grpc"
+  environment: str = ""  # TF_CONFIG's "environment" (resolvers report it)
 
   @property
   def workers(self) -> List[Tuple[str, int, str]]:
@@ -82,7 +83,7 @@ def _check_address(job, i, address):
 
 
 def from_dict(cluster: dict, task_type, task_id, rpc_layer="grpc",
-              source="TF_CONFIG") -> ClusterInfo:
+              source="TF_CONFIG", environment="") -> ClusterInfo:
   """Validates a cluster spec dict and this task's place in it."""
   if not isinstance(cluster, dict) or not cluster:
     raise ClusterConfigError(f"{source}: 'cluster' must be a non-empty dict "
@@ -125,7 +126,8 @@ def from_dict(cluster: dict, task_type, task_id, rpc_layer="grpc",
         f"{task_type!r}, which has {len(jobs[task_type])} task(s) "
         f"(valid: 0..{len(jobs[task_type]) - 1}).")
   return ClusterInfo(jobs=jobs, task_type=task_type, task_id=task_id,
-                     rpc_layer=rpc_layer or "grpc")
+                     rpc_layer=rpc_layer or "grpc",
+                     environment=environment or "")
 
 
 def from_tf_config(text: Optional[str] = None) -> ClusterInfo:
@@ -148,7 +150,8 @@ def from_tf_config(text: Optional[str] = None) -> ClusterInfo:
         "TF_CONFIG has a 'cluster' but no 'task' with 'type' and 'index': "
         f"{text[:200]!r}")
   return from_dict(cluster, task["type"], task["index"],
-                   config.get("rpc_layer", "grpc"))
+                   config.get("rpc_layer", "grpc"),
+                   environment=config.get("environment", ""))
 
 
 def from_resolver(resolver) -> ClusterInfo:
@@ -158,7 +161,37 @@ def from_resolver(resolver) -> ClusterInfo:
     return local_cluster()
   return from_dict(spec, resolver.task_type, resolver.task_id,
                    getattr(resolver, "rpc_layer", None) or "grpc",
-                   source=type(resolver).__name__)
+                   source=type(resolver).__name__,
+                   environment=getattr(resolver, "environment", "") or "")
+
+
+def resolver_for(info: ClusterInfo, devices=()):
+  """The `tf.distribute.cluster_resolver.SimpleClusterResolver` of `info`.
+
+  What `OscarsStrategy.cluster_resolver` returns when the user gave none,
+  with TensorFlow's conventions (as `TFConfigClusterResolver` reads
+  TF_CONFIG): `task_type`/`task_id` as configured, so with a 'chief' job the
+  chief is ('chief', 0) and otherwise ('worker', 0); `master()` is this
+  task's address. With nothing configured (the one-worker cluster) it is
+  what `MultiWorkerMirroredStrategy` returns then: an empty `cluster_spec()`
+  and `task_type`/`task_id` None, which code written for that strategy
+  (TensorFlow's tutorials included) takes for a lone chief.
+  `num_accelerators()` counts the GPUs/TPUs among this worker's `devices`.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  accelerators = {}
+  for device in devices:
+    kind = tf.DeviceSpec.from_string(device).device_type
+    if kind in ("GPU", "TPU"):
+      accelerators[kind] = accelerators.get(kind, 0) + 1
+  simple = tf.distribute.cluster_resolver.SimpleClusterResolver
+  if info == local_cluster():
+    return simple(tf.train.ClusterSpec({}), num_accelerators=accelerators)
+  spec = tf.train.ClusterSpec({job: list(addresses)
+                               for job, addresses in info.jobs.items()})
+  return simple(spec, master=info.address, task_type=info.task_type,
+                task_id=info.task_id, environment=info.environment,
+                num_accelerators=accelerators, rpc_layer=info.rpc_layer)
 
 
 _SLURM_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS",

@@ -133,13 +133,15 @@ class OscarsStrategy(tf.distribute.Strategy):
         simulate=profile if profile.active else None,
         outer_optimizer=outer_optimizer,
         straggler_timeout=straggler_timeout))
+    if cluster_resolver is not None:  # handed back as given, as MWMS does
+      self.extended._cluster_resolver = cluster_resolver  # pylint: disable=protected-access
     if logdir:
       self.extended.set_logdir(logdir)
     if profile.active:
       for line in profile.describe(info.num_workers):
         logging.warning("oscars_tf: %s", line)
-    from oscars_tf import keras_integration  # pylint: disable=g-import-not-at-top
-    keras_integration.install()
+    from oscars_tf import frontends  # pylint: disable=g-import-not-at-top
+    frontends.install()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
                  info.worker_index, info.num_workers,
                  self.extended.worker_devices, schedule)
@@ -160,6 +162,22 @@ class OscarsStrategy(tf.distribute.Strategy):
   @property
   def is_chief(self):
     return self.worker_index == 0
+
+  @property
+  def cluster_resolver(self):
+    """This worker's `tf.distribute.cluster_resolver.ClusterResolver`.
+
+    The one passed to the constructor, else a `SimpleClusterResolver` of the
+    cluster with TensorFlow's conventions, as `MultiWorkerMirroredStrategy`
+    reports them: `task_type`/`task_id` as in TF_CONFIG (with a 'chief' job
+    the chief is ('chief', 0), otherwise ('worker', 0)), `cluster_spec()`,
+    `master()`, `num_accelerators()`, `rpc_layer`, `environment`. With no
+    cluster configured: an empty `cluster_spec()` and `task_type` and
+    `task_id` None, as under `MultiWorkerMirroredStrategy`. So the checks
+    TensorFlow's tutorials teach (`_is_chief(task_type, task_id)` and
+    `extended.should_checkpoint`) pick the same chief as `is_chief`.
+    """
+    return self.extended._cluster_resolver  # pylint: disable=protected-access
 
   @property
   def schedule(self):
