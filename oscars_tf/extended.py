@@ -16,7 +16,10 @@ where those meet TensorFlow's strategy contract:
   `strategy.run` all average at the same planned points.
 """
 
+import atexit
 import contextlib
+import sys
+import threading
 import zlib
 
 import numpy as np
@@ -38,6 +41,22 @@ from oscars_tf.replicas import component_variables as _component_variables
 from oscars_tf.replicas import is_float as _is_float
 
 OPTIMIZER_STATES = ("local", "average")
+
+
+_uncaught_error = threading.Event()
+
+
+def _note_uncaught_errors():
+  """Remembers that the process is ending on an uncaught error (once)."""
+  previous = sys.excepthook
+  if getattr(previous, "_oscars_notes_errors", False):
+    return
+
+  def hook(*args):
+    _uncaught_error.set()
+    previous(*args)
+  hook._oscars_notes_errors = True  # pylint: disable=protected-access
+  sys.excepthook = hook
 
 
 def _inside_while_loop():
@@ -98,6 +117,9 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
     self._epoch_end_step = None   # custom loop: this worker's last step
     self._logdir = None
     self._summaries = None
+    if info.is_multi_worker:
+      _note_uncaught_errors()
+      atexit.register(self.finish_at_exit)
 
   def _learning_rate(self):
     optimizer = self._tracked[1] if self._tracked else None
@@ -447,6 +469,21 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("oscars_tf: could not mark the end of training: %s",
                         e)
+
+  def finish_at_exit(self):
+    """At the exit of a process whose training loop ended by itself (a
+    custom loop that never called `begin_epoch`/`end_training`): take part
+    in the rounds, with no steps of its own, until every worker's loop has
+    ended, so a worker still training never waits for one that left. Not
+    after an uncaught error: the others then drop this worker."""
+    if _uncaught_error.is_set() or not self._cluster.is_multi_worker:
+      return
+    try:
+      self.finish_epoch()
+      self.end_training()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("oscars_tf: worker %d could not end its last round at "
+                      "exit: %s", self._cluster.worker_index, e)
 
   def mark_first_step_done(self):
     self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))

@@ -165,6 +165,11 @@ class _Cases:
     return model.fit(batches(), steps_per_epoch=N // BATCH // 3, epochs=2,
                      verbose=0, callbacks=cb)
 
+  def progress_bar(self, model, cb):
+    # verbose=1: the chief's progress bar (the test reads its counts).
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=3, verbose=1,
+                     callbacks=cb)
+
   def steps_per_execution(self, model, cb):
     return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
                      callbacks=cb, validation_data=(self.x, self.y))

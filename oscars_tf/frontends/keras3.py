@@ -346,6 +346,36 @@ def _wrap_unsharded(original):
   return method
 
 
+def missing_hooks():
+  """The Keras 3 internals this module relies on that are not there."""
+  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers import epoch_iterator  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers.data_adapters import array_slicing  # pylint: disable=g-import-not-at-top
+  fit_args = set(inspect.signature(
+      trainer.TensorFlowTrainer.fit).parameters)
+  checks = {
+      "trainer.TFEpochIterator": hasattr(trainer, "TFEpochIterator"),
+      "fit(x, y, batch_size, steps_per_epoch, shuffle, sample_weight, "
+      "validation_split, validation_data, callbacks, verbose, epochs)": {
+          "x", "y", "batch_size", "steps_per_epoch", "shuffle",
+          "sample_weight", "validation_split", "validation_data",
+          "callbacks", "verbose", "epochs"} <= fit_args,
+      "EpochIterator._enumerate_iterator/_get_iterator/reset/data_adapter":
+          all(hasattr(epoch_iterator.EpochIterator, a) for a in (
+              "_enumerate_iterator", "_get_iterator", "reset")),
+      "array_slicing.train_validation_split": hasattr(
+          array_slicing, "train_validation_split"),
+      "ModelCheckpoint._save_model": hasattr(
+          keras.callbacks.ModelCheckpoint, "_save_model"),
+      "BackupAndRestore._save_model": hasattr(
+          keras.callbacks.BackupAndRestore, "_save_model"),
+      "ProgbarLogger.target": "target" in vars(keras.callbacks.ProgbarLogger()),
+      "compile(steps_per_execution)": "steps_per_execution" in
+          inspect.signature(keras.Model.compile).parameters,
+  }
+  return [name for name, ok in checks.items() if not ok]
+
+
 def install():
   """Installs the wrappers once per process (idempotent)."""
   global _installed

@@ -1,0 +1,95 @@
+"""Keras 3 through oscars_tf/frontends: every input kind and lifecycle step.
+
+The matrix runs every case of frontend_programs.py in one job per schedule
+(Adaptive: planned epochs; Fixed(every=3): sharded epochs), 3 real workers
+over gRPC, one 4x slower (SIMULATED). Each case must end by itself with
+identical weights on every worker, the same number of epochs everywhere,
+and about one data set's worth of steps per epoch over the cluster.
+"""
+
+import pathlib
+import re
+
+import frontend_programs
+import multiworker
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = pathlib.Path(__file__).with_name("frontend_programs.py")
+WORKERS = 3
+SLOW_WORKER_ENV = {"OSCARS_SIMULATE_STEP_TIME": "4ms*1,1,4"}
+TRAIN_FRACTION = {"arrays": 0.8}  # validation_split=0.2
+
+
+def cases():
+  """Every case the program defines (the methods of its `_Cases`)."""
+  return [name for name, fn in vars(frontend_programs._Cases).items()  # pylint: disable=protected-access
+          if callable(fn) and not name.startswith("_") and name != "model"]
+
+
+@pytest.fixture(scope="module", params=[0, 3], ids=["adaptive", "fixed3"])
+def matrix(request):
+  result = multiworker.run(
+      "keras3_matrix", WORKERS,
+      {"flavour": "keras3", "cases": cases(), "every": request.param},
+      timeout=480, program=PROGRAM, env=SLOW_WORKER_ENV, expect_success=False)
+  assert result.failed is None and result.codes == [0] * WORKERS, (
+      f"{result.failed} {result.codes}:\n{result.tail()}")
+  return result
+
+
+def _outputs(result, case):
+  outs = [o and o["cases"].get(case) for o in result.outputs]
+  assert all(outs), f"case {case} missing on a worker:\n{result.tail()}"
+  return outs
+
+
+@pytest.mark.parametrize("case", cases())
+def test_every_input_kind_ends_with_identical_weights(matrix, case):
+  outs = _outputs(matrix, case)
+  weights = np.array([o["weights"] for o in outs])
+  assert float(np.abs(weights - weights[0]).max()) <= 1e-6, case
+  assert len({o["epochs"] for o in outs}) == 1, [o["epochs"] for o in outs]
+  assert outs[0]["epochs"] >= 1
+
+
+@pytest.mark.parametrize("case", cases())
+def test_the_cluster_trains_on_one_data_set_per_epoch(matrix, case):
+  outs = _outputs(matrix, case)
+  if case in ("generator", "dataset_infinite", "dataset_from_generator"):
+    batches = frontend_programs.N // frontend_programs.BATCH // 3 * WORKERS
+  else:  # steps_per_epoch is per worker for the endless inputs above
+    n = int(frontend_programs.N * TRAIN_FRACTION.get(case, 1.0))
+    batches = -(-n // frontend_programs.BATCH)
+  for epoch, steps in enumerate(zip(*[o["batches"] for o in outs])):
+    # Not N copies of the data: planned epochs end within about a round of
+    # the data set's length; steps_per_execution rounds k_i up to whole calls.
+    assert 0.5 * batches <= sum(steps) <= 2.5 * batches, (
+        f"case {case} epoch {epoch}: workers took {steps} steps for "
+        f"{batches} batches")
+
+
+def test_the_progress_bar_never_counts_past_its_end(matrix):
+  bars = re.findall(r"^\[0\].*?(\d+)/(\d+) ", matrix.log, re.M)
+  assert bars, "the chief printed no progress bar"
+  past = [(a, b) for a, b in bars if int(a) > int(b)]
+  assert not past, past[:5]
+
+
+def test_state_changes_are_logged_once_and_plans_at_verbosity_1(matrix):
+  assert "plan " not in matrix.log.replace("planning", ""), (
+      "per-round plan lines belong at --v=1")
+
+
+def test_keras3_hooks_present():
+  """Fails loudly when a Keras upgrade moves an internal that
+  oscars_tf/frontends/keras3.py hooks."""
+  import keras  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.frontends import keras3  # pylint: disable=g-import-not-at-top
+  missing = keras3.missing_hooks()
+  assert not missing, (
+      f"Keras {keras.__version__} lacks internals that "
+      f"oscars_tf/frontends/keras3.py hooks: {', '.join(missing)}")
