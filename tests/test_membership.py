@@ -202,3 +202,24 @@ def test_decisions_survive_json_with_nan_and_missing_rows():
 def test_bad_timeouts_are_refused():
   with pytest.raises(ValueError, match="timeouts must be > 0"):
     membership.Membership(FakeStore(), 0, 2, 0, 5)
+
+
+def test_a_chief_out_of_data_waits_for_the_others_round_before_dropping():
+  """A chief whose data ran out arrives early; it gives the others the
+  rest of their round (`expected_s`) before its straggler timeout runs."""
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.2)
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  arrived = threading.Event()
+
+  def late_worker():
+    arrived.wait(5)  # the chief is already waiting
+    time.sleep(0.5)  # the rest of its round: longer than the timeout
+    return ws[1].exchange(1, _row(1))
+
+  def chief():
+    arrived.set()
+    return ws[0].exchange(1, _row(0), expected_s=1.0)
+  out, errors = _run([chief, late_worker])
+  assert errors == [None, None]
+  assert out[0].members == (0, 1) and out[0].dropped == ()

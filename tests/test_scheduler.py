@@ -229,3 +229,51 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
       assert not kept or kept in out.groups
   assert out.local_steps == plan.local_steps
   assert scheduler.with_members(plan, range(n)) is plan
+
+
+def _even_plan(n=3, k=(6, 6, 2)):
+  table = scheduler.StepRateTable(tuple(
+      scheduler.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)
+  return schedules.Fixed(4).plan(table, 5)
+
+
+def test_arrivals_without_exhausted_members_change_nothing():
+  p = _even_plan()
+  q, over = scheduler.with_arrivals(p, (0, 1, 2), (4, 4, 4),
+                                    (False, False, False))
+  assert q is p and not over
+
+
+def test_a_member_out_of_data_with_no_steps_takes_the_model():
+  p = _even_plan()
+  q, over = scheduler.with_arrivals(p, (0, 1, 2), (4, 0, 4),
+                                    (False, True, False))
+  assert not over
+  assert q.weights[1] == 0.0 and q.weights[0] == q.weights[2] == 0.5
+
+
+def test_the_epoch_is_over_when_every_member_is_out_of_data():
+  p = _even_plan()
+  q, over = scheduler.with_arrivals(p, (0, 2), (3, 9, 1),
+                                    (True, False, True))
+  assert over and q.epoch_end and q.global_sync
+  assert q.groups[0] == (0, 2) and (1,) in q.groups
+  assert q.weights[0] == pytest.approx(0.75) and q.weights[2] == (
+      pytest.approx(0.25))
+
+
+def test_an_over_epoch_where_nobody_stepped_is_a_plain_mean():
+  p = _even_plan()
+  q, over = scheduler.with_arrivals(p, (0, 1, 2), (0, 0, 0), (True,) * 3)
+  assert over and q.weights == pytest.approx((1 / 3,) * 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.integers(1, 8))
+def test_quantized_steps_are_whole_calls_and_never_fewer(table, quantum):
+  p = schedules.Adaptive().plan(table, 4)
+  q = scheduler.quantized(p, quantum)
+  for k, kq in zip(p.local_steps, q.local_steps):
+    assert kq % quantum == 0 and k <= kq < k + quantum
+  for g in q.groups:
+    assert sum(q.weights[i] for i in g) == pytest.approx(1.0)
