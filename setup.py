@@ -16,7 +16,7 @@ setuptools.setup(
         "examples": ["scikit-learn"],
         "benchmarks": ["scikit-learn", "matplotlib"],
         "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn",
-                 "selenium", "matplotlib"],
+                 "selenium", "matplotlib", "pandas", "tf_keras", "ruff"],
     },
     package_data={"oscars_tf.tensorboard": ["static/*.js"]},
     entry_points={

@@ -17,7 +17,6 @@ MultiWorkerMirroredStrategy is trained with a custom loop
 
 import hashlib
 import json
-import os
 import sys
 import time
 

@@ -141,7 +141,7 @@ class _Cases:
           super().__init__()
 
       def __len__(self):
-        return -(-len(x) // BATCH)
+        return (len(x) + BATCH - 1) // BATCH
 
       def __getitem__(self, i):
         return x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]

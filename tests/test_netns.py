@@ -12,7 +12,6 @@ finish.
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys

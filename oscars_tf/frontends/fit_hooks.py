@@ -15,7 +15,6 @@ agreement:
   data) stops every worker after the same epoch.
 """
 
-import math
 
 
 class FitHooks:
