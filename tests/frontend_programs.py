@@ -232,12 +232,15 @@ def main(params):
     model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None)
     counter = _step_counter(keras, strategy)
     history = getattr(cases, name)(model, [counter])
+    returned_at = time.time()  # one clock for all workers (one machine)
     final = getattr(cases, "loaded", None) if name == "save_and_load" else (
         model)
     flat = np.concatenate([np.ravel(v.numpy()) for v in final.weights])
     out["cases"][name] = {
         "weights": flat.astype(np.float64).tolist(),
         "batches": counter.batches,
+        "epoch_ends": counter.epoch_ends,
+        "returned_at": returned_at,
         "epochs": len(history.history["loss"]),
         "history": {k: [float(v) for v in vs]
                     for k, vs in history.history.items()},
@@ -257,6 +260,7 @@ def _step_counter(keras, strategy):
     def __init__(self):
       super().__init__()
       self.batches = []
+      self.epoch_ends = []
       self._start = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -264,6 +268,7 @@ def _step_counter(keras, strategy):
 
     def on_epoch_end(self, epoch, logs=None):
       self.batches.append(strategy.stats()["local_step"] - self._start)
+      self.epoch_ends.append(time.time())
   return StepCounter()
 
 
