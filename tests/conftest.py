@@ -15,3 +15,19 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+# Modules whose tests start real processes (workers over gRPC, the launcher,
+# a browser): the `slow` tier. `pytest -m "not slow"` runs the rest (unit,
+# protocol and single-process tests) as the edit-test loop.
+SLOW_MODULES = frozenset({
+    "test_adaptive", "test_benchmark_smoke", "test_cli_help", "test_faults",
+    "test_frontends", "test_frontends_keras3", "test_launch",
+    "test_multiworker", "test_netns", "test_observability", "test_poison",
+    "test_recovery", "test_tf_tutorials", "test_train"})
+
+
+def pytest_collection_modifyitems(items):
+  import pytest  # pylint: disable=g-import-not-at-top
+  for item in items:
+    if item.module.__name__ in SLOW_MODULES:
+      item.add_marker(pytest.mark.slow)

@@ -13,6 +13,7 @@ import pytest
 import multiworker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params, error, words", [
     ({"odd_dtype_worker": 1}, "WorkerMismatchError", "shapes/dtypes"),
     ({"extra_layer_worker": 1}, "WorkerMismatchError", "variable count"),

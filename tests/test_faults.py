@@ -72,6 +72,12 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
         f"undisturbed, last 3 epochs {delta * 100:+.2f} points")
   assert delta >= -0.01, (result["curve"][-3:], baseline["curve"][-3:])
   assert "oscars-launch: the job finished without worker(s) [2]" in err
+  # A state change is logged once, not at every round after it.
+  lines = (out + err).splitlines()
+  for w in (0, 1, 3):
+    told = [l for l in lines if l.startswith(f"[{w}]") and "dropped [2]" in l]
+    assert len(told) == 1, told
+  assert "ignoring missing/stale" not in out + err
 
 
 # The 30 s stall under fit; a shorter one through the custom

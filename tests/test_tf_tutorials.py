@@ -163,15 +163,6 @@ def test_ctl_tutorial_with_a_chief_job_checkpoints_on_the_chief(tmp_path):
   assert chief["restored_epoch"] == other["restored_epoch"] == 2
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Adaptive (the default) in a custom loop that takes the same number of "
-    "steps on every worker and never calls strategy.sync() or begin_epoch "
-    "(the tutorial's): rounds end at different steps per worker, and when "
-    "one worker's next planned round end lies beyond the loop's last step "
-    "the other has left the loop: the first waits in the round's membership "
-    "exchange (rounds.py/membership.py) until the chief exits "
-    "(UnavailableError) or the timeouts. Passes when the plan happens to "
-    "line up; fails in about 1 of 3 runs with a 3x slower worker."))
 def test_ctl_tutorial_as_is_ends_under_the_adaptive_default(tmp_path):
   """The CTL tutorial with only the strategy line changed (`OscarsStrategy()`,
   Adaptive) and a 3x slower worker ends by itself on both workers."""
