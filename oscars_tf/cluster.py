@@ -27,7 +27,9 @@ class ClusterInfo:
   task_type: str
   task_id: int
   rpc_layer: str = "grpc"
-  environment: str = ""  # TF_CONFIG's "environment" (resolvers report it)
+  # TF_CONFIG's "environment", as resolvers report it (TF's own
+  # TFConfigClusterResolver reports none): not part of the cluster's identity.
+  environment: str = dataclasses.field(default="", compare=False)
 
   @property
   def workers(self) -> List[Tuple[str, int, str]]:
