@@ -32,6 +32,7 @@ from tensorflow.python.ops import control_flow_util_v2
 from oscars_tf import averaging
 from oscars_tf import inputs
 from oscars_tf import membership as membership_lib
+from oscars_tf import multi_worker_roles
 from oscars_tf import replicas
 from oscars_tf import rounds as rounds_lib
 from oscars_tf import schedules as schedules_lib
@@ -69,7 +70,8 @@ def _inside_while_loop():
   return False
 
 
-class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
+class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
+                     inputs.WorkerInputs, replicas.LocalSGDReplicas,
                      mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
@@ -561,75 +563,3 @@ class OscarsExtended(inputs.WorkerInputs, replicas.LocalSGDReplicas,
             "syncs": int(r.syncs.numpy()),
             "next_sync_step": int(r.next_sync.numpy()),
             "round": r.round, **r.totals}
-
-  # -- roles --------------------------------------------------------------
-  # TensorFlow's multi-worker contract, as `MultiWorkerMirroredStrategy`'s
-  # extended answers it: code written for that strategy (TF's tutorials, the
-  # tf_keras callbacks' `distributed_file_utils`) finds the same answers here.
-
-  @property
-  def _cluster_resolver(self):
-    """The user's `ClusterResolver`, else one built from the cluster (see
-    `cluster.resolver_for`); `Strategy.cluster_resolver` returns it."""
-    if getattr(self, "_roles_resolver", None) is None:
-      from oscars_tf import cluster  # pylint: disable=g-import-not-at-top
-      self._roles_resolver = cluster.resolver_for(self._cluster,
-                                                  self.worker_devices)
-    return self._roles_resolver
-
-  @_cluster_resolver.setter
-  def _cluster_resolver(self, resolver):
-    self._roles_resolver = resolver
-
-  @property
-  def _task_type(self):
-    return self._cluster_resolver.task_type
-
-  @property
-  def _task_id(self):
-    return self._cluster_resolver.task_id
-
-  @property
-  def _id_in_cluster(self):
-    return self._cluster.worker_index
-
-  @property
-  def _num_workers(self):
-    return self._cluster.num_workers
-
-  @property
-  def _is_chief(self):
-    return self._cluster.is_chief
-
-  def _in_multi_worker_mode(self):
-    """Whether this strategy indicates working in multi-worker settings."""
-    return self._cluster.is_multi_worker
-
-  def _reduce_to(self, reduce_op, value, destinations, options):
-    # In multi-worker mode TF reduces a plain (not per-replica) tensor as the
-    # worker's one value, across workers: TF's distributed iterators count
-    # the workers that still have data so (`input_lib`, on every worker with
-    # a GPU or several devices). Reductions here are worker-local, so it is
-    # the worker's own value (MirroredStrategy's rule would fail for SUM).
-    from tensorflow.python.distribute import cross_device_ops, values
-    if (self._cluster.is_multi_worker and tf.is_tensor(value) and
-        not isinstance(value, values.DistributedValues)):
-      cross_device_ops.validate_destinations(destinations)
-      return cross_device_ops.simple_broadcast(value, destinations)
-    return super()._reduce_to(reduce_op, value, destinations, options)
-
-  @property
-  def should_checkpoint(self):
-    return self._cluster.is_chief
-
-  @property
-  def should_save_summary(self):
-    return self._cluster.is_chief
-
-  @property
-  def experimental_should_init(self):
-    return True
-
-  @property
-  def experimental_between_graph(self):
-    return True
