@@ -1,0 +1,544 @@
+"""Legacy Keras 2 (`tf_keras`): `model.fit/evaluate/predict` correct under
+OscarsStrategy.
+
+Every hook into tf_keras' internals is here, each with why; `HOOKS` lists
+them and `missing_hooks()` names those a tf_keras upgrade moved (guarded by
+`tests/test_frontends.py`). `install()` wraps the methods of
+`tf_keras.Model`; the wrappers act only for models built under an
+OscarsStrategy.
+
+As in `keras3`: `fit` gives each worker its share of the input
+(`fit_inputs`), adds two callbacks (`fit_hooks`: the agreed epoch end and
+log averaging before any other callback, the stop agreement after all of
+them), lets only the chief write checkpoints and backups, and gives each
+other worker its own TensorBoard directory. `evaluate` and `predict` run on
+every worker over the whole input with no collective.
+
+tf_keras distributes datasets itself (its `DataHandler` calls
+`strategy.experimental_distribute_dataset`), which would shard them by
+worker a second time: all three methods run inside `extended.unsharded()`.
+Planned epochs (Adaptive schedule) run through `_PlannedDataHandler`, whose
+epochs the plan ends. tf_keras' test and predict steps update mirrored batch
+counters, which the strategy would take for training steps: they are made
+worker-local (`_local_batch_counters`).
+"""
+
+import contextlib
+import functools
+import inspect
+import os
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from absl import logging
+from tensorflow.python.ops import resource_variable_ops
+from tf_keras.src import callbacks as callbacks_lib
+from tf_keras.src.distribute import distributed_file_utils
+from tf_keras.src.engine import data_adapter, training
+
+from oscars_tf import averaging
+from oscars_tf.frontends import fit_hooks, fit_inputs
+
+_installed = False
+
+# Every tf_keras internal this module relies on: (what, attribute). Checked,
+# with the instance attributes, by `missing_hooks()`; keep in step with the
+# code below.
+HOOKS = (
+    # The methods wrapped by `install()`, and `fit`'s argument names.
+    (training.Model, "fit"), (training.Model, "evaluate"),
+    (training.Model, "predict"), (training.Model, "test_on_batch"),
+    (training.Model, "predict_on_batch"),
+    # Batch counters updated inside the test/predict step (made worker-local
+    # by `_local_batch_counters`), and the cached step functions using them.
+    (training.Model, "make_test_function"),
+    (training.Model, "make_predict_function"),
+    # `fit` builds its DataHandler through this module attribute.
+    (data_adapter, "get_data_handler"),
+    # `_PlannedDataHandler` overrides/reads these.
+    (data_adapter, "DataHandler"),
+    (data_adapter.DataHandler, "_infer_steps"),
+    (data_adapter.DataHandler, "_validate_data_handler"),
+    (data_adapter.DataHandler, "_configure_dataset_and_inferred_steps"),
+    (data_adapter.DataHandler, "enumerate_epochs"),
+    (data_adapter.DataHandler, "steps"),
+    # tf_keras' own validation split, so `validation_split` keeps its meaning.
+    (data_adapter, "train_validation_split"),
+    # Chief-only writes.
+    (callbacks_lib.ModelCheckpoint, "_save_model"),
+    (callbacks_lib.BackupAndRestore, "_backup"),
+    (callbacks_lib.TensorBoard, "_get_log_write_dir"),
+    (callbacks_lib.TensorBoard, "_delete_tmp_write_dir"),
+    (distributed_file_utils, "remove_temp_dirpath"),
+    # The planned epochs' progress bar.
+    (callbacks_lib.ProgbarLogger, "_finalize_progbar"),
+)
+
+
+def missing_hooks(instances=True):
+  """The hooks of `HOOKS` this tf_keras lacks (names); with `instances`,
+  also the instance attributes the module reads or replaces (it builds a
+  small model, a DataHandler and a BackupAndRestore to look)."""
+  missing = [f"{getattr(o, '__name__', o)}.{a}" for o, a in HOOKS
+             if not hasattr(o, a)]
+  params = inspect.signature(training.Model.fit).parameters
+  missing += [f"Model.fit({name}=)" for name in (
+      "x", "y", "batch_size", "epochs", "verbose", "callbacks",
+      "validation_split", "validation_data", "shuffle", "sample_weight",
+      "steps_per_epoch", "workers", "use_multiprocessing")
+              if name not in params]
+  if not instances or missing:
+    return missing
+  looked_at = {
+      "Model()": (tf_keras.Sequential(), (
+          "_test_counter", "_predict_counter", "test_function",
+          "predict_function", "_steps_per_execution")),
+      "DataHandler()": (data_adapter.DataHandler(
+          tf.data.Dataset.range(2).batch(1)), (
+              "_adapter", "_dataset", "_initial_epoch", "_initial_step",
+              "_epochs", "_current_step", "_step_increment",
+              "_steps_per_execution")),
+      "BackupAndRestore()": (callbacks_lib.BackupAndRestore("/nonexistent"),
+                             ("_supported_strategies", "backup_dir")),
+      "ProgbarLogger()": (callbacks_lib.ProgbarLogger(), ("target",)),
+  }
+  for what, (obj, attrs) in looked_at.items():
+    missing += [f"{what}.{a}" for a in attrs if not hasattr(obj, a)]
+  return missing
+
+
+def _oscars_extended(model):
+  strategy = getattr(model, "distribute_strategy", None)
+  extended = getattr(strategy, "extended", None)
+  return extended if hasattr(extended, "finish_epoch") else None
+
+
+# -- inputs -------------------------------------------------------------------
+
+
+class ShardedSequence(tf_keras.utils.Sequence):
+  """Batches `index`, `index + n`, ... of a Sequence: one worker's shard.
+
+  Equal shards (the last `len % n` batches are left out) keep workers of a
+  Fixed schedule in step. Parallel loading is `fit`'s (`workers`,
+  `use_multiprocessing`), as for any Sequence.
+  """
+
+  def __init__(self, data, num_workers, index):
+    super().__init__()
+    self.data, self.num_workers, self.index = data, num_workers, index
+
+  def __len__(self):
+    return len(self.data) // self.num_workers
+
+  def __getitem__(self, i):
+    if not 0 <= i < len(self):
+      raise IndexError(f"batch {i} of a shard of {len(self)}")
+    return self.data[self.index + i * self.num_workers]
+
+  def on_epoch_end(self):
+    self.data.on_epoch_end()
+
+
+class StreamSequence(tf_keras.utils.Sequence):
+  """A Sequence's batches in an order of this worker's own (a permutation
+  per pass, seeded by the worker and the pass): each batch is drawn about
+  once per cluster epoch.
+
+  tf_keras iterates a Sequence once per iterator (`range(len(seq))`, a list
+  of that length with `workers`), so the stream is `passes` passes long
+  (about 65536 batches) and `_PlannedDataHandler` repeats it. Loading in
+  parallel (`workers > 1`) keeps drawing new permutations (its enqueuer calls
+  `on_epoch_end` after each pass); with one loader the pattern repeats after
+  those batches.
+  """
+
+  def __init__(self, data, index):
+    super().__init__()
+    self.data, self.index = data, index
+    self.passes = max(1, -(-65536 // len(data)))
+    self._first_pass = 0
+    self._order = (None, None)
+
+  def __len__(self):
+    return len(self.data) * self.passes
+
+  def __getitem__(self, i):
+    length = len(self.data)
+    cycle, pos = divmod(i, length)
+    cycle += self._first_pass
+    if self._order[0] != cycle:
+      rng = np.random.default_rng([1000 + self.index, cycle])
+      self._order = (cycle, rng.permutation(length))
+    return self.data[int(self._order[1][pos])]
+
+  def on_epoch_end(self):
+    self._first_pass += self.passes
+    self.data.on_epoch_end()
+
+
+def _split_validation(arrays, fraction):
+  # tf_keras' own split (the last part), so validation_split means what it
+  # means without us.
+  return data_adapter.train_validation_split(arrays,
+                                             validation_split=fraction)
+
+
+FLAVOUR = fit_inputs.Flavour(
+    name="tf_keras", py_dataset_types=(tf_keras.utils.Sequence,),
+    shard_py_dataset=ShardedSequence, stream_py_dataset=StreamSequence,
+    split_validation=_split_validation)
+
+
+class _PlannedDataHandler(data_adapter.DataHandler):
+  """tf_keras' DataHandler for a stream whose epochs the plan ends.
+
+  One endless iterator serves the whole `fit`; each epoch yields steps
+  (`steps_per_execution` at a time) until the round that ends the epoch has
+  ended on this worker, which happens on every worker at the same round
+  (`rounds.epoch_over`). Validation builds its own, finite handler.
+  """
+
+  def __init__(self, *args, **kwargs):
+    model = kwargs.get("model")
+    strategy = (model.distribute_strategy if model is not None else
+                tf.distribute.get_strategy())
+    self._rounds = strategy.extended.rounds
+    # -1 is tf_keras' "no epoch length" (an endless input is refused
+    # without it); the plan gives the length.
+    kwargs["steps_per_epoch"] = -1
+    super().__init__(*args, **kwargs)
+
+  def _infer_steps(self, steps, dataset):
+    return None  # no warning that training "runs indefinitely": it doesn't
+
+  def _validate_data_handler(self):
+    # tf_keras refuses steps_per_execution > 1 on an input of unknown
+    # length, for fear of a partial execution at its end; the stream is
+    # endless and rounds end at execution boundaries.
+    pass
+
+  def _configure_dataset_and_inferred_steps(self, strategy, x,
+                                            steps_per_epoch, class_weight,
+                                            distribute):
+    # A Sequence stream is finite to tf_keras (its adapter iterates it once
+    # per iterator): repeat it, on the adapter so the base class applies
+    # class weights and distributes as usual.
+    dataset = self._adapter.get_dataset()
+    if dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
+      endless = dataset.repeat()
+      self._adapter.get_dataset = lambda: endless
+    super()._configure_dataset_and_inferred_steps(
+        strategy, x, steps_per_epoch, class_weight, distribute)
+
+  def enumerate_epochs(self):
+    # One iterator for all epochs; the adapter's epoch end (which stops a
+    # Sequence's loader threads or processes) once, when `fit` is over.
+    iterator = iter(self._dataset)
+    try:
+      for epoch in range(self._initial_epoch, self._epochs):
+        yield epoch, iterator
+    finally:
+      self._adapter.on_epoch_end()
+
+  def steps(self):
+    # A resumed step count (BackupAndRestore with save_freq in batches)
+    # has no meaning in a planned epoch: each starts at step 0.
+    self._initial_step = 0
+    self._current_step = 0
+    spe = int(self._steps_per_execution.numpy())
+    self._step_increment = spe - 1
+    # The first step always: `epoch_over` is reset by the epoch's begin
+    # callback, but must never end an epoch before it started.
+    while self._current_step == 0 or not self._rounds.epoch_over:
+      yield self._current_step
+      self._current_step += spe
+
+
+def _wrap_get_data_handler(original):
+  """`fit` builds its DataHandler through `data_adapter.get_data_handler`:
+  a planned stream (marked by `fit_inputs`) gets `_PlannedDataHandler`."""
+
+  @functools.wraps(original)
+  def get_data_handler(*args, **kwargs):
+    x = kwargs.get("x", args[0] if args else None)
+    if getattr(x, "_oscars_planned_epochs", False):
+      return _PlannedDataHandler(*args, **kwargs)
+    return original(*args, **kwargs)
+  return get_data_handler
+
+
+# -- callbacks ----------------------------------------------------------------
+
+
+class _EpochCallback(tf_keras.callbacks.Callback):
+  """First callback: the agreed epoch end and averaged logs (fit_hooks)."""
+
+  def __init__(self, hooks):
+    super().__init__()
+    self._hooks = hooks
+    # tf_keras converts every step's logs to numpy (a sync per step) unless
+    # all callbacks with batch hooks take tensors; this one ignores them.
+    self._supports_tf_logs = True
+
+  def on_train_begin(self, logs=None):
+    self._hooks.train_begin()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._hooks.train_batch_end()
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._hooks.epoch_begin(epoch)
+
+  def on_test_begin(self, logs=None):
+    self._hooks.test_begin()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._hooks.epoch_end(logs)
+
+  def on_train_end(self, logs=None):
+    self._hooks.train_end()
+
+
+class _StopCallback(tf_keras.callbacks.Callback):
+  """Last callback: whether to stop, agreed by all workers (fit_hooks)."""
+
+  def __init__(self, hooks):
+    super().__init__()
+    self._hooks = hooks
+    self._supports_tf_logs = True
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.model.stop_training = self._hooks.should_stop(
+        epoch, self.model.stop_training)
+
+
+class _PlannedProgbar(tf_keras.callbacks.ProgbarLogger):
+  """tf_keras learns an endless input's epoch length at the end of the first
+  epoch, from the model's train counter, which counts all of `fit`: a
+  planned epoch's length is this worker's own and differs from epoch to
+  epoch, so it is learnt anew each epoch from the steps seen."""
+
+  def __init__(self):
+    super().__init__(count_mode="steps")
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.target = None
+    super().on_epoch_begin(epoch, logs)
+
+  def _finalize_progbar(self, logs, counter):
+    if self.target is None:
+      counter = None  # use the steps seen this epoch
+    super()._finalize_progbar(logs, counter)
+
+
+def _worker_callbacks(callbacks, strategy, info):
+  """Chief-only writes and per-worker log directories."""
+  for cb in callbacks:
+    if isinstance(cb, tf_keras.callbacks.BackupAndRestore):
+      # It refuses strategies not on its list (it knows Mirrored and
+      # MultiWorkerMirrored); ours keeps the same contract.
+      cb._supported_strategies = (  # pylint: disable=protected-access
+          tuple(cb._supported_strategies) + (type(strategy),))  # pylint: disable=protected-access
+  if info.is_chief:
+    return callbacks
+  for cb in callbacks:
+    # tf_keras lets non-chief workers write to a temporary directory
+    # (`distributed_file_utils`, through the extended's `should_checkpoint`)
+    # and delete it: a full save per epoch for nothing. They write nothing.
+    if isinstance(cb, tf_keras.callbacks.ModelCheckpoint):
+      cb._save_model = lambda *a, **k: None  # pylint: disable=protected-access
+    elif isinstance(cb, tf_keras.callbacks.BackupAndRestore):
+      # All workers restore from the chief's backup at `fit` start; the
+      # temporary directory its `on_train_begin` makes here is removed when
+      # `fit` ends (`_remove_backup_temp_dirs`).
+      cb._backup = lambda *a, **k: None  # pylint: disable=protected-access
+    elif isinstance(cb, tf_keras.callbacks.TensorBoard):
+      # tf_keras would write non-chief logs to a temporary directory and
+      # delete them at the end; each worker keeps its own instead.
+      own = f"worker_{info.worker_index}"
+      if os.path.basename(os.path.normpath(cb.log_dir)) != own:  # once only
+        cb.log_dir = os.path.join(cb.log_dir, own)
+      cb._get_log_write_dir = lambda cb=cb: cb.log_dir  # pylint: disable=protected-access
+      cb._delete_tmp_write_dir = lambda: None  # pylint: disable=protected-access
+  return callbacks
+
+
+def _remove_backup_temp_dirs(callbacks, strategy, info):
+  if info.is_chief:
+    return
+  for cb in callbacks:
+    if (isinstance(cb, tf_keras.callbacks.BackupAndRestore) and
+        tf.io.gfile.exists(cb.backup_dir)):
+      try:
+        distributed_file_utils.remove_temp_dirpath(cb.backup_dir, strategy)
+      except tf.errors.OpError as e:
+        logging.warning("oscars_tf: could not remove %s's temporary "
+                        "directory: %s", cb.backup_dir, e)
+
+
+# -- fit ----------------------------------------------------------------------
+
+
+def _prepare_fit(model, extended, args):
+  """Rewrites `fit` arguments for this worker; returns (args, planned)."""
+  info = extended.cluster
+  if model.jit_compile:
+    # The train step holds the averaging collective and py_functions, which
+    # XLA cannot compile.
+    logging.info("oscars_tf: XLA is turned off for the train step, which "
+                 "holds the averaging collective.")
+    model.jit_compile = False
+  if model.autotune_steps_per_execution:
+    # Rounds end at execution boundaries, the same number of steps on every
+    # worker; tuning it per worker would break that.
+    logging.warning("oscars_tf: steps_per_execution='auto' is not tuned "
+                    "under OscarsStrategy; it stays at %d.",
+                    int(model.steps_per_execution.numpy()))
+    model.autotune_steps_per_execution = False
+  extended.track(model, model.optimizer)
+  extended.set_steps_per_execution(int(model.steps_per_execution.numpy()))
+  if not extended.logdir:  # log next to tf_keras' TensorBoard callback
+    for cb in args["callbacks"] or []:
+      if isinstance(cb, tf_keras.callbacks.TensorBoard):
+        extended.set_logdir(cb.log_dir)
+  fit_inputs.check_has_samples(args["x"], info.num_workers)
+  extended.set_epoch_target(None)
+  args["callbacks"] = list(args["callbacks"] or [])
+  if not info.is_multi_worker:
+    return args, False
+  x, y, sw = args["x"], args["y"], args["sample_weight"]
+  if (args["validation_split"] and args["validation_data"] is None and
+      fit_inputs.is_array_like(x)):
+    (x, y, sw), args["validation_data"] = _split_validation(
+        (x, y, sw), args["validation_split"])
+    args["validation_split"] = 0.0
+  inp = fit_inputs.split_for_worker(
+      FLAVOUR, fit_inputs.FitInput(
+          x, y, sw, args["batch_size"], args["steps_per_epoch"],
+          args["shuffle"]),
+      info.num_workers, info.worker_index, extended.plans_epochs())
+  logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
+               inp.kind)
+  args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
+              batch_size=inp.batch_size, steps_per_epoch=inp.steps_per_epoch,
+              shuffle=inp.shuffle)
+  planned = inp.cluster_steps is not None
+  if planned:
+    args.update(batch_size=None, steps_per_epoch=None)
+    extended.set_epoch_target(inp.cluster_steps)
+  if args["verbose"] in ("auto", 1) and not info.is_chief:
+    args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
+  args["callbacks"] = _worker_callbacks(args["callbacks"],
+                                        model.distribute_strategy, info)
+  if planned and args["verbose"] != 0:
+    args["callbacks"].append(_PlannedProgbar())
+  return args, planned
+
+
+def _wrap_fit(original):
+  signature = inspect.signature(original)
+
+  @functools.wraps(original)
+  def fit(self, *args, **kwargs):
+    extended = _oscars_extended(self)
+    if extended is None:
+      return original(self, *args, **kwargs)
+    bound = signature.bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    call = dict(bound.arguments)
+    call.pop("self")
+    _local_batch_counters(self)
+    call, _ = _prepare_fit(self, extended, call)
+    hooks = fit_hooks.FitHooks(extended, call["epochs"])
+    user_callbacks = list(call["callbacks"])
+    call["callbacks"] = [_EpochCallback(hooks)] + user_callbacks + [
+        _StopCallback(hooks)]
+    try:
+      with extended.unsharded(), _peer_errors_explained(extended):
+        return original(self, **call)
+    finally:
+      _remove_backup_temp_dirs(user_callbacks, self.distribute_strategy,
+                               extended.cluster)
+  return fit
+
+
+@contextlib.contextmanager
+def _peer_errors_explained(extended):
+  """Turns a failed averaging collective inside the step into a clear error."""
+  try:
+    yield
+  except averaging.PEER_ERRORS as e:
+    if "Collective" not in str(e):
+      raise
+    raise extended.peer_error(e, "an averaging point") from e
+
+
+def _wrap_unsharded(original):
+  @functools.wraps(original)
+  def method(self, *args, **kwargs):
+    extended = _oscars_extended(self)
+    if extended is None:
+      return original(self, *args, **kwargs)
+    _local_batch_counters(self)
+    with extended.unsharded():
+      return original(self, *args, **kwargs)
+  return method
+
+
+def _wrap_local_counters(original):
+  @functools.wraps(original)
+  def method(self, *args, **kwargs):
+    if _oscars_extended(self) is not None:
+      _local_batch_counters(self)
+    return original(self, *args, **kwargs)
+  return method
+
+
+@tf.__internal__.tracking.no_automatic_dependency_tracking
+def _local_batch_counters(model):
+  """Makes the test and predict batch counters plain (worker-local)
+  variables.
+
+  tf_keras counts test and predict batches in mirrored variables that the
+  test/predict step updates inside `strategy.run`; the strategy takes a
+  `strategy.run` that updates a distributed variable for a training step
+  and would count evaluation batches as training steps, and end rounds
+  (collectives) inside `evaluate` and `predict`. A plain variable is not
+  seen. (They only feed the progress bar; `no_automatic_dependency_tracking`
+  keeps them out of the model's weights, as tf_keras' own.)
+  """
+  for name in ("_test_counter", "_predict_counter"):
+    counter = getattr(model, name)
+    if isinstance(counter, tf.distribute.DistributedValues):
+      # A subclass is constructed as itself, past the strategy's variable
+      # creator (which only `tf.Variable(...)` goes through).
+      setattr(model, name, resource_variable_ops.ResourceVariable(
+          int(counter.numpy()), dtype=tf.int64, trainable=False))
+      # The cached step functions hold the old counter.
+      if name == "_test_counter":
+        model.test_function = None
+      else:
+        model.predict_function = None
+
+
+def install():
+  """Installs the wrappers once per process (idempotent)."""
+  global _installed
+  if _installed:
+    return
+  missing = missing_hooks(instances=False)
+  if missing:
+    logging.warning("oscars_tf: tf_keras %s lacks %s; its fit may not work "
+                    "under OscarsStrategy.", tf_keras.__version__,
+                    ", ".join(missing))
+  cls = training.Model
+  cls.fit = _wrap_fit(cls.fit)
+  cls.evaluate = _wrap_unsharded(cls.evaluate)
+  cls.predict = _wrap_unsharded(cls.predict)
+  cls.test_on_batch = _wrap_local_counters(cls.test_on_batch)
+  cls.predict_on_batch = _wrap_local_counters(cls.predict_on_batch)
+  data_adapter.get_data_handler = _wrap_get_data_handler(
+      data_adapter.get_data_handler)
+  _installed = True
