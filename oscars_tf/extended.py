@@ -190,7 +190,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     try:
       result = super()._call_for_each_replica(fn, args, kwargs)
     finally:
-      updated = self._update_log.pop()
+      # A training step updates a floating-point variable; a call that only
+      # counts (tf_keras' mirrored test and predict batch counters) is not
+      # one, and must not move the rounds.
+      updated = [v for v in self._update_log.pop() if _is_float(v)]
     if updated:
       # Count the step only once its update has happened: a step whose input
       # fetch fails (end of data) must not count, and in a graph, ops on

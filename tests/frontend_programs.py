@@ -152,8 +152,13 @@ class _Cases:
                      validation_data=self._py_dataset())
 
   def py_dataset_workers(self, model, cb):
-    data = self._py_dataset(workers=2, use_multiprocessing=True)
-    return model.fit(data, epochs=2, verbose=0, callbacks=cb)
+    loading = {"workers": 2, "use_multiprocessing": True}
+    if self._k3():  # Keras 3: the PyDataset's own settings
+      return model.fit(self._py_dataset(**loading), epochs=2, verbose=0,
+                       callbacks=cb)
+    # tf_keras: a Sequence takes none; fit does.
+    return model.fit(self._py_dataset(), epochs=2, verbose=0, callbacks=cb,
+                     **loading)
 
   def generator(self, model, cb):
     x, y = self.x, self.y

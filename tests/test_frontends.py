@@ -22,12 +22,7 @@ _TFK_TRAIN_FRACTION = {"arrays": 0.8}
 # Cases the program itself cannot run under tf_keras: name -> the error
 # each worker must still raise before `fit` (they run last, under Adaptive
 # only). When the program is fixed, the test says to drop the entry.
-_TFK_PROGRAM_GAPS = {
-    # tf_keras' Sequence takes no constructor arguments: its loading
-    # (workers, use_multiprocessing) is `fit`'s. The front end supports it
-    # (checked with `fit(seq, workers=2, use_multiprocessing=True)`).
-    "py_dataset_workers": "TypeError: object.__init__() takes exactly one",
-}
+_TFK_PROGRAM_GAPS = {}
 
 
 def _tfk_cases():
