@@ -1,0 +1,513 @@
+"""How far apart the workers' `fit` calls return, and their epochs end.
+
+    python benchmarks/fit_end_spread.py --result_json spread.json  # ~13 min
+    python benchmarks/fit_end_spread.py --quick                    # < 2 min
+
+Issue 16: one worker's `model.fit` used to return seconds after the others
+at the end of training (+9.2 s over 100 Mbit/s links, +2.7 s on loopback
+with one worker 4x slower). The strategy now agrees every epoch end through
+its round protocol, and all workers leave `fit` after the same final
+collective. This benchmark measures the spread that is left.
+
+Each job runs a plain Keras 3 script (this file with --worker) on 3 real
+worker processes started through oscars_tf.launch: a 2-conv CNN (Conv2D 16,
+Conv2D 32, Dense 64) on MNIST-shaped 28x28 images (scikit-learn's digits
+upsampled, offline; 1,500 training and 297 validation images), batch 32
+per worker, validation every epoch, under the default OscarsStrategy()
+(Adaptive) and under schedules.Fixed(every=1). Each worker records the
+wall-clock time (time.time(): one clock, one machine) when it calls fit, at
+each epoch end and at the end of training (a callback's on_epoch_end and
+on_train_end, both after the strategy's own epoch-end and final
+collectives) and when fit returns.
+
+Profiles:
+
+  loopback    all workers on loopback in the launcher's private network
+              namespace; worker 2 is 4x slower (SIMULATED: a per-step
+              sleep, --loopback_step_time).
+  slow_links  each worker in a network namespace of its own with its own
+              address on a bridge, every link rate-limited to 100 Mbit/s
+              with tc tbf (EMULATED; netem is not needed). Needs root; the
+              profile is skipped, saying why, where namespaces are not
+              allowed.
+
+Inputs: `arrays` (NumPy arrays, as the issue's script) and
+`dataset_noautotune` (the same batches as a tf.data.Dataset whose
+options.autotune.enabled is False). TensorFlow's tf.data autotuning runs a
+model thread per iterator, and destroying the iterator (Keras does when fit
+returns) can block until that thread's sleep ends: the second input shows
+the spread without it.
+
+Per profile, input and schedule, over --repeats jobs (median and range):
+the fit wall time (the longest any worker spent in fit), the end spread
+(latest minus earliest fit return), the largest epoch-end spread, the
+spread of on_train_end (after the final collective), the longest teardown
+(on_train_end to fit's return on one worker) and the chief's median round
+(compute + wait + communication), against which the spreads are read.
+"""
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from absl import app
+from absl import flags
+
+from oscars_tf import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROFILES = ("loopback", "slow_links")
+LABELS = {"loopback": "SIMULATED", "slow_links": "EMULATED"}
+SCHEDULES = ("adaptive", "fixed1")
+INPUTS = ("arrays", "dataset_noautotune")
+NUM_WORKERS = 3
+SUBNET = "10.213.79"  # tests/test_netns.py uses 10.213.77 (other
+                      # namespaces: no clash either way)
+NETNS_ENV = "FIT_END_SPREAD_NETNS"
+
+flags.DEFINE_bool("quick", False, "One repeat of one epoch, arrays input "
+                  "and the default schedule only (a job is about 30 s of "
+                  "process start-up and exit besides fit): under 2 minutes.")
+flags.DEFINE_list("profiles", list(PROFILES), "Profiles to run.")
+flags.DEFINE_list("schedules", list(SCHEDULES), "adaptive: OscarsStrategy() "
+                  "(the default); fixed1: schedules.Fixed(every=1).")
+flags.DEFINE_list("inputs", list(INPUTS), "arrays: fit(x, y, "
+                  "validation_data=(x_val, y_val)) on NumPy arrays, the plain "
+                  "Keras script; dataset_noautotune: the same batches as "
+                  "tf.data.Dataset with options.autotune.enabled = False.")
+flags.DEFINE_integer("repeats", 3, "Jobs per profile, input and schedule.",
+                     lower_bound=1)
+flags.DEFINE_integer("epochs", 3, "Epochs per job.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.",
+                     lower_bound=1)
+flags.DEFINE_string("loopback_step_time", "20ms*1,1,4", "SIMULATED "
+                    "per-step delay of the loopback profile "
+                    "(--simulate_step_time of oscars-launch).")
+flags.DEFINE_string("slow_links_step_time", "", "SIMULATED per-step delay "
+                    "of the slow_links profile (none by default: the links "
+                    "are the only emulation).")
+flags.DEFINE_string("rate", "100mbit", "tc tbf rate of every link "
+                    "(slow_links).")
+flags.DEFINE_integer("timeout", 600, "Seconds each job may take.",
+                     lower_bound=10)
+flags.DEFINE_string("result_json", None, "Write all results here.")
+# The worker program (this file, run by each worker process).
+flags.DEFINE_bool("worker", False, "Internal: run as one worker of a job.")
+flags.DEFINE_string("outdir", None, "Internal (--worker): where each worker "
+                    "writes worker_<i>.json.")
+flags.DEFINE_enum("schedule", "adaptive", list(SCHEDULES),
+                  "Internal (--worker): the schedule.")
+flags.DEFINE_enum("input", "arrays", list(INPUTS),
+                  "Internal (--worker): the input kind.")
+FLAGS = flags.FLAGS
+
+
+# -- the worker program -------------------------------------------------
+
+
+def mnist_like(seed=0):
+  """scikit-learn's digits as 28x28x1 float images in [0, 1]: each 8x8
+  pixel repeated 3x3, padded by 2. (x_train, y_train, x_val, y_val)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  bunch = load_digits()
+  images = bunch.images.astype("float32") / 16.0
+  images = np.kron(images, np.ones((1, 3, 3), "float32"))
+  images = np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None]
+  order = np.random.default_rng(seed).permutation(len(images))
+  x, y = images[order], bunch.target[order].astype("int32")
+  return x[:1500], y[:1500], x[1500:], y[1500:]
+
+
+def fit_data(x, y, x_val, y_val):
+  """fit's data arguments for --input."""
+  if FLAGS.input == "arrays":
+    return {"x": x, "y": y, "batch_size": FLAGS.batch_size,
+            "validation_data": (x_val, y_val)}
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  options = tf.data.Options()
+  options.autotune.enabled = False
+
+  def batches(*arrays):
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(
+        FLAGS.batch_size).with_options(options)
+  return {"x": batches(x, y), "validation_data": batches(x_val, y_val)}
+
+
+def worker_main():
+  """One worker: a plain Keras 3 script with the strategy line changed."""
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  if FLAGS.schedule == "fixed1":
+    strategy = oscars_tf.OscarsStrategy(
+        schedule=oscars_tf.schedules.Fixed(every=1))
+  else:
+    strategy = oscars_tf.OscarsStrategy()
+  import keras  # pylint: disable=g-import-not-at-top
+  me = strategy.worker_index
+  x, y, x_val, y_val = mnist_like()
+  keras.utils.set_random_seed(me)
+  with strategy.scope():
+    inputs = keras.Input((28, 28, 1))
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dense(64, activation="relu")(h)
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True), metrics=["accuracy"])
+  epoch_ends, train_end = [], []
+
+  class Times(keras.callbacks.Callback):
+
+    def on_epoch_end(self, epoch, logs=None):
+      epoch_ends.append(time.time())
+
+    def on_train_end(self, logs=None):
+      train_end.append(time.time())
+
+  data = fit_data(x, y, x_val, y_val)
+  started = time.time()
+  history = model.fit(**data, epochs=FLAGS.epochs, callbacks=[Times()],
+                      verbose=0)
+  returned = time.time()
+  rounds = strategy.round_history
+  out = {"worker": me, "fit_start": started, "epoch_ends": epoch_ends,
+         "train_end": train_end[0] if train_end else None,
+         "fit_return": returned,
+         "round_s": [r["compute_s"] + r["wait_s"] + r["comm_s"]
+                     for r in rounds],
+         "rounds": len(rounds), "local_steps": strategy.stats()["local_step"],
+         "val_accuracy": [float(v) for v in
+                          history.history.get("val_accuracy", [])]}
+  path = os.path.join(FLAGS.outdir, f"worker_{me}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(out, f)
+  os.replace(path + ".tmp", path)
+
+
+# -- network namespaces (slow_links) -------------------------------------
+
+
+def _ip(*args, check=True):
+  return subprocess.run(["ip", *args], capture_output=True, text=True,
+                        timeout=20, check=check)
+
+
+class Namespaces:
+  """A hub namespace with a bridge, and one namespace per worker, each with
+  its own address; every worker's link rate-limited by tbf. (The minimal
+  part of tests/test_netns.py's class of the same name.)"""
+
+  def __init__(self, n):
+    tag = uuid.uuid4().hex[:6]
+    self.hub = f"oscars_fes_hub_{tag}"
+    self.workers = [f"oscars_fes_w{i}_{tag}" for i in range(n)]
+    self.created = []
+
+  def address(self, i):
+    return f"{SUBNET}.{i + 1}"
+
+  def create(self, rate):
+    _ip("netns", "add", self.hub)
+    self.created.append(self.hub)
+    _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+    _ip("-n", self.hub, "link", "set", "br0", "up")
+    for i, ns in enumerate(self.workers):
+      _ip("netns", "add", ns)
+      self.created.append(ns)
+      _ip("-n", ns, "link", "set", "lo", "up")
+      _ip("-n", self.hub, "link", "add", f"h{i}", "type", "veth", "peer",
+          "name", "eth0", "netns", ns)
+      _ip("-n", self.hub, "link", "set", f"h{i}", "master", "br0")
+      _ip("-n", self.hub, "link", "set", f"h{i}", "up")
+      _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+      _ip("-n", ns, "link", "set", "eth0", "up")
+      subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
+                      "eth0", "root", "tbf", "rate", rate, "burst", "256kb",
+                      "latency", "50ms"], capture_output=True, text=True,
+                     timeout=20, check=True)
+
+  def remove(self):
+    for ns in reversed(self.created):
+      _ip("netns", "del", ns, check=False)
+    self.created = []
+
+
+def make_namespaces(rate):
+  """(Namespaces, None), or (None, why not) where this machine refuses."""
+  if os.geteuid() != 0:
+    return None, "network namespaces need root (CAP_NET_ADMIN)"
+  spaces = Namespaces(NUM_WORKERS)
+  try:
+    spaces.create(rate)
+  except (subprocess.CalledProcessError, OSError,
+          subprocess.TimeoutExpired) as e:
+    spaces.remove()
+    why = (getattr(e, "stderr", None) or str(e)).strip()
+    return None, f"cannot create network namespaces or tbf here: {why}"
+  return spaces, None
+
+
+# -- the driver ------------------------------------------------------------
+
+
+class _Log(io.TextIOBase):
+  """A thread-safe text sink for launch.Job's prefixed worker output."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._parts = []
+
+  def write(self, s):
+    with self._lock:
+      self._parts.append(s)
+    return len(s)
+
+  def text(self):
+    with self._lock:
+      return "".join(self._parts)
+
+
+def _env():
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+             TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1",
+             GRPC_VERBOSITY="ERROR")
+  env.pop("TF_CONFIG", None)
+  env.pop("OSCARS_SIMULATE_STEP_TIME", None)
+  return env
+
+
+def _worker_command(schedule, input_kind, outdir):
+  return [sys.executable, os.path.abspath(__file__), "--worker",
+          f"--schedule={schedule}", f"--input={input_kind}",
+          f"--outdir={outdir}", f"--epochs={FLAGS.epochs}",
+          f"--batch_size={FLAGS.batch_size}"]
+
+
+def run_loopback(schedule, input_kind, outdir):
+  """A job through `python -m oscars_tf.launch`; (ok, log)."""
+  command = [sys.executable, "-m", "oscars_tf.launch",
+             f"--num_workers={NUM_WORKERS}", f"--timeout={FLAGS.timeout}"]
+  if FLAGS.loopback_step_time:
+    command.append(f"--simulate_step_time={FLAGS.loopback_step_time}")
+  command += ["--"] + _worker_command(schedule, input_kind, outdir)
+  proc = subprocess.run(command, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, env=_env(),
+                        timeout=FLAGS.timeout + 60, check=False, cwd=ROOT)
+  return proc.returncode == 0, proc.stdout
+
+
+def run_slow_links(schedule, input_kind, outdir, spaces):
+  """A job through oscars_tf.launch.Job, worker i in namespace i; (ok,
+  log)."""
+  env = _env()
+  if FLAGS.slow_links_step_time:
+    env["OSCARS_SIMULATE_STEP_TIME"] = FLAGS.slow_links_step_time
+  # Every worker runs the same command; `ip netns exec` (which execs in
+  # place, keeping launch.Job's process group and parent-death signal)
+  # enters the namespace its environment names.
+  command = ["sh", "-c", f'exec ip netns exec "${NETNS_ENV}" "$0" "$@"'
+             ] + _worker_command(schedule, input_kind, outdir)
+  log = _Log()
+  job = launch.Job(command, NUM_WORKERS, env=env,
+                   worker_env={i: {NETNS_ENV: ns}
+                               for i, ns in enumerate(spaces.workers)},
+                   out=log, hosts=[spaces.address(i)
+                                   for i in range(NUM_WORKERS)])
+  try:
+    codes, failed = job.wait(timeout=FLAGS.timeout, grace=5)
+  finally:
+    job.stop(grace=1)
+  return failed is None and not any(codes), log.text()
+
+
+def _spread(values):
+  return max(values) - min(values)
+
+
+def measure(outs):
+  """The numbers of one job from its workers' records."""
+  epochs = list(zip(*[o["epoch_ends"] for o in outs]))
+  chief = next(o for o in outs if o["worker"] == 0)
+  rounds = chief["round_s"][1:] or chief["round_s"]  # less the first round
+  # fit's teardown on each worker: from on_train_end (after the final
+  # collective) to fit's return.
+  teardown = [o["fit_return"] - (o["train_end"] or o["fit_return"])
+              for o in outs]
+  return {
+      "fit_wall_s": max(o["fit_return"] - o["fit_start"] for o in outs),
+      "end_spread_s": _spread([o["fit_return"] for o in outs]),
+      "last_worker": max(outs, key=lambda o: o["fit_return"])["worker"],
+      "epoch_spreads_s": [_spread(e) for e in epochs],
+      "epoch_spread_max_s": max((_spread(e) for e in epochs), default=0.0),
+      "train_end_spread_s": (_spread([o["train_end"] for o in outs])
+                             if all(o["train_end"] for o in outs) else None),
+      "teardown_s": teardown,
+      "teardown_max_s": max(teardown),
+      "round_median_s": statistics.median(rounds) if rounds else None,
+      "rounds": chief["rounds"],
+      "local_steps": [o["local_steps"] for o in outs],
+      "val_accuracy": (chief["val_accuracy"] or [None])[-1],
+      "workers": outs}
+
+
+def run_job(profile, schedule, input_kind, spaces):
+  with tempfile.TemporaryDirectory(prefix="oscars_fes_") as outdir:
+    start = time.monotonic()
+    if profile == "loopback":
+      ok, log = run_loopback(schedule, input_kind, outdir)
+    else:
+      ok, log = run_slow_links(schedule, input_kind, outdir, spaces)
+    wall = time.monotonic() - start
+    paths = [os.path.join(outdir, f"worker_{i}.json")
+             for i in range(NUM_WORKERS)]
+    if not ok or not all(os.path.exists(p) for p in paths):
+      raise RuntimeError(f"job {profile}/{input_kind}/{schedule} failed:\n"
+                         f"{log[-4000:]}")
+    outs = []
+    for p in paths:
+      with open(p) as f:
+        outs.append(json.load(f))
+  result = measure(outs)
+  result["job_wall_s"] = wall
+  return result
+
+
+def _stat(values):
+  values = [v for v in values if v is not None]
+  if not values:
+    return None
+  return {"median": statistics.median(values), "min": min(values),
+          "max": max(values), "values": values}
+
+
+STATS = ("fit_wall_s", "end_spread_s", "epoch_spread_max_s",
+         "train_end_spread_s", "teardown_max_s", "round_median_s",
+         "job_wall_s")
+
+
+def summarize(profile, schedule, input_kind, runs):
+  row = {"profile": profile, "label": LABELS[profile], "schedule": schedule,
+         "input": input_kind, "runs": runs}
+  for key in STATS:
+    row[key] = _stat([r[key] for r in runs])
+  row["end_within_one_round"] = sum(
+      r["round_median_s"] is not None and
+      r["end_spread_s"] <= r["round_median_s"] for r in runs)
+  return row
+
+
+def _fmt(stat, scale=1.0, digits=0):
+  if stat is None:
+    return "n/a"
+  m, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
+  if len(stat["values"]) == 1:
+    return f"{m:.{digits}f}"
+  return f"{m:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
+
+
+def print_table(rows, skipped):
+  print(f"\n{NUM_WORKERS} workers, 2-conv CNN on 28x28 digits (1,500 train, "
+        f"297 validation), {FLAGS.epochs} epoch(s), batch "
+        f"{FLAGS.batch_size}/worker; median [min-max] over {FLAGS.repeats} "
+        f"run(s); fit wall in s, the rest in ms")
+  head = (f"{'profile':11} {'label':9} {'input':18} {'schedule':8} "
+          f"{'fit wall':>16} {'end spread':>17} {'epoch-end spread':>16} "
+          f"{'train-end spread':>16} {'teardown':>17} {'round':>16} "
+          f"{'end<=round':>10}")
+  print(head)
+  print("-" * len(head))
+  for r in rows:
+    print(f"{r['profile']:11} {r['label']:9} {r['input']:18} "
+          f"{r['schedule']:8} {_fmt(r['fit_wall_s'], 1, 1):>16} "
+          f"{_fmt(r['end_spread_s'], 1e3):>17} "
+          f"{_fmt(r['epoch_spread_max_s'], 1e3):>16} "
+          f"{_fmt(r['train_end_spread_s'], 1e3):>16} "
+          f"{_fmt(r['teardown_max_s'], 1e3):>17} "
+          f"{_fmt(r['round_median_s'], 1e3):>16} "
+          f"{r['end_within_one_round']:>4}/{len(r['runs'])}")
+  for profile, why in skipped.items():
+    print(f"{profile}: SKIPPED: {why}")
+  print("(fit wall: the longest any worker spent in fit; end spread: latest "
+        "minus earliest fit return; epoch-end spread: the largest over the "
+        "epochs; train-end spread: of on_train_end, after the final "
+        "collective; teardown: the longest on_train_end -> fit return of one "
+        "worker; round: the chief's median round, compute + wait + "
+        "communication; end<=round: runs whose end spread is at most a "
+        "round)")
+
+
+def main(argv):
+  del argv
+  if FLAGS.worker:
+    worker_main()
+    return
+  if FLAGS.quick:
+    for name, value in (("repeats", 1), ("epochs", 1), ("inputs", ["arrays"]),
+                        ("schedules", ["adaptive"])):
+      if not FLAGS[name].present:
+        FLAGS[name].value = value
+  bad = (sorted(set(FLAGS.profiles) - set(PROFILES)) +
+         sorted(set(FLAGS.schedules) - set(SCHEDULES)) +
+         sorted(set(FLAGS.inputs) - set(INPUTS)))
+  if bad:
+    sys.exit(f"fit_end_spread.py: unknown --profiles/--schedules/--inputs "
+             f"{bad}; profiles: {PROFILES}, schedules: {SCHEDULES}, inputs: "
+             f"{INPUTS}.")
+  start = time.monotonic()
+  rows, skipped = [], {}
+  for profile in FLAGS.profiles:
+    spaces = None
+    if profile == "slow_links":
+      spaces, why = make_namespaces(FLAGS.rate)
+      if spaces is None:
+        skipped[profile] = why
+        print(f"slow_links: SKIPPED: {why}", flush=True)
+        continue
+    try:
+      for input_kind in FLAGS.inputs:
+        for schedule in FLAGS.schedules:
+          runs = []
+          for k in range(FLAGS.repeats):
+            print(f"running {profile} ({LABELS[profile]}) {input_kind} "
+                  f"{schedule}, run {k + 1} of {FLAGS.repeats} ...",
+                  flush=True)
+            r = run_job(profile, schedule, input_kind, spaces)
+            runs.append(r)
+            print(f"  fit {r['fit_wall_s']:.1f} s, end spread "
+                  f"{r['end_spread_s'] * 1e3:.0f} ms (last: worker "
+                  f"{r['last_worker']}), epoch-end spreads "
+                  f"{[round(s * 1e3) for s in r['epoch_spreads_s']]} ms, "
+                  f"teardown {[round(t * 1e3) for t in r['teardown_s']]} "
+                  f"ms, median round "
+                  f"{(r['round_median_s'] or 0) * 1e3:.0f} ms", flush=True)
+          rows.append(summarize(profile, schedule, input_kind, runs))
+    finally:
+      if spaces is not None:
+        spaces.remove()
+  print_table(rows, skipped)
+  total = time.monotonic() - start
+  print(f"\nbenchmark wall time {total:.0f} s")
+  if FLAGS.result_json:
+    config = {k: FLAGS[k].value for k in (
+        "profiles", "schedules", "inputs", "repeats", "epochs", "batch_size",
+        "loopback_step_time", "slow_links_step_time", "rate", "quick")}
+    config["num_workers"] = NUM_WORKERS
+    with open(FLAGS.result_json, "w") as f:
+      json.dump({"labels": LABELS, "config": config, "rows": rows,
+                 "skipped": skipped, "wall_time_s": total,
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
