@@ -255,13 +255,17 @@ class Job:
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
-               worker_env=None, out=None, hosts=None):
+               worker_env=None, out=None, hosts=None, err=None):
     self.command = list(command)
     self.num_workers = num_workers
     self.procs = []
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
     self._threads = []
+    # Two pipes, each pumped by whole lines: a log line on stderr is never
+    # glued onto a progress bar's unfinished line on stdout. A capturing
+    # `out` without `err` gets both.
+    err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
     preexec = _die_with_parent()
     for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
@@ -272,13 +276,14 @@ class Job:
       # it in the forked child holding the GIL, and it takes no lock (prctl
       # is resolved before the fork; getppid and kill are syscalls).
       p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, start_new_session=True,
+                           stderr=subprocess.PIPE, start_new_session=True,
                            preexec_fn=preexec)  # noqa: PLW1509
-      t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", out),
-                           daemon=True)
-      t.start()
+      for stream, sink in ((p.stdout, out), (p.stderr, err)):
+        t = threading.Thread(target=_pump, args=(stream, f"[{i}] ", sink),
+                             daemon=True)
+        t.start()
+        self._threads.append(t)
       self.procs.append(p)
-      self._threads.append(t)
 
   def wait(self, timeout=None, grace=10.0, poll=0.05, keep_going=False,
            interrupt=None):

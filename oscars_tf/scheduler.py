@@ -372,6 +372,23 @@ def _whole_slow_steps(budget, slowest):
   return max(1, round(budget * slowest)) / slowest
 
 
+def _split_exactly(rates, total):
+  """Integers >= 1, each within one of total * rate / sum(rates), that add
+  up to `total` (largest remainders; `total` >= len(rates))."""
+  ideal = [total * r / sum(rates) for r in rates]
+  steps = [max(1, int(math.floor(x))) for x in ideal]
+  order = sorted(range(len(steps)), key=lambda i: ideal[i] - steps[i])
+  while sum(steps) < total:  # most under their share first
+    i = order.pop()
+    steps[i] += 1
+  for i in order:  # the 1-step floor overshot: most over their share first
+    if sum(steps) == total:
+      break
+    if steps[i] > 1:
+      steps[i] -= 1
+  return tuple(steps)
+
+
 def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   """Shrinks `p` so the cluster's steps end the epoch with this round.
 
@@ -386,11 +403,12 @@ def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   # the epoch with a runt round, this round takes those steps too.
   if remaining_steps >= 1.5 * planned + len(p.local_steps):
     return p
-  # Shrink (or stretch) the time budget, not the step counts, so workers
-  # still arrive together: k_i = floor(rate_i * T') as in a normal round.
-  budget = p.time_budget * max(remaining_steps, 1) / planned
-  budget = _whole_slow_steps(max(budget, 1.0 / min(p.rates)), min(p.rates))
-  steps = tuple(_steps_in(r, budget) for r in p.rates)
+  # Shrink (or stretch) the time budget, not the arrival order: k_i is
+  # rate_i * T' split so the cluster's steps add up to exactly what is left
+  # (an epoch is one pass over the data), each worker within one of its
+  # steps of T' (and at least 1 step).
+  budget = max(remaining_steps, len(p.rates)) / sum(p.rates)
+  steps = _split_exactly(p.rates, max(remaining_steps, len(p.rates)))
   groups = (tuple(range(len(steps))),)
   weights, scales = weights_and_scales(groups, steps, weighting)
   return dataclasses.replace(
