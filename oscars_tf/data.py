@@ -39,10 +39,6 @@ def load(name, seed=0, **kwargs):
   return synthetic(seed=seed, **kwargs)
 
 
-def is_image(x):
-  return x.ndim == 4
-
-
 def digits(test_fraction=0.2, seed=0, images=False):
   """((x_train, y_train), (x_test, y_test)); x in [0, 1].
 

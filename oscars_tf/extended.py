@@ -31,6 +31,7 @@ from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf import averaging
 from oscars_tf import inputs
+from oscars_tf import kv_store
 from oscars_tf import membership as membership_lib
 from oscars_tf import multi_worker_roles
 from oscars_tf import replicas
@@ -104,7 +105,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         collective_timeout, learning_rate_fn=self._learning_rate,
         simulate=simulate, per_group_nccl=per_group_nccl,
         membership=membership_lib.Membership(
-            membership_lib.ContextStore(), info.worker_index,
+            kv_store.ContextStore(), info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout)
         if info.is_multi_worker else None)
     self._update_log = []         # stack of variables updated per traced call

@@ -13,7 +13,8 @@ the decision of its round. It asks to rejoin and waits for the decision that
 names it a newcomer; in that round it takes its group's model (weight 0).
 
 No TensorFlow here: the store is anything with `set`, `get` and `delete`
-(`ContextStore` is TensorFlow's coordination service; tests use a dict).
+(kv_store.ContextStore is TensorFlow's coordination service; tests use a
+dict).
 """
 
 import dataclasses
@@ -23,14 +24,11 @@ import time
 from typing import Optional, Tuple
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
-
-
-class KeyMissing(Exception):
-  """`get` found no value for the key within its timeout."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,36 +216,3 @@ def _int_or(text, default):
     return int(text)
   except (TypeError, ValueError):
     return default
-
-
-def _put(store, key, value):
-  """Sets a key that may exist already (the store refuses to overwrite)."""
-  store.delete(key)
-  store.set(key, value)
-
-
-class ContextStore:
-  """TensorFlow's coordination-service key-value store."""
-
-  def __init__(self):
-    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-    self._ctx = context.context()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    self._missing = (tf.errors.DeadlineExceededError, tf.errors.NotFoundError)
-
-  def set(self, key, value):
-    self._ctx.set_config_key_value(key, value)
-
-  def get(self, key, timeout_s):
-    try:
-      return self._ctx.get_config_key_value(
-          key, max(1, int(math.ceil(timeout_s * 1000))))
-    except self._missing:
-      raise KeyMissing(key) from None
-
-  def delete(self, key):
-    try:
-      self._ctx.delete_config_key_value(key)
-    except Exception:  # pylint: disable=broad-except
-      pass  # absent already
-

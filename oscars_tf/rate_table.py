@@ -12,6 +12,7 @@ read the whole table at any time (`OscarsStrategy.step_rate_table()`).
 import json
 import math
 
+from oscars_tf import kv_store
 from oscars_tf import scheduler
 
 KEY_PREFIX = "oscars_tf/table/"
@@ -50,31 +51,20 @@ class RateMeter:
     self.rate = math.nan
 
 
-def publish(worker, entry: scheduler.TableEntry, plan_digest: str):
-  """Best-effort write of this worker's row to the coordination service."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  key = f"{KEY_PREFIX}{worker}"
-  value = json.dumps({"rate": entry.rate, "round": entry.round,
-                      "loss": entry.loss, "divergence": entry.divergence,
-                      "learning_rate": entry.learning_rate,
-                      "plan": plan_digest})
-  ctx = context.context()
-  try:
-    ctx.delete_config_key_value(key)
-  except Exception:  # pylint: disable=broad-except
-    pass  # not there yet
-  ctx.set_config_key_value(key, value)
+def publish(store, worker, entry: scheduler.TableEntry, plan_digest: str):
+  """Writes this worker's row to `store` (a kv_store.ContextStore)."""
+  kv_store.put(store, f"{KEY_PREFIX}{worker}", json.dumps({
+      "rate": entry.rate, "round": entry.round, "loss": entry.loss,
+      "divergence": entry.divergence, "learning_rate": entry.learning_rate,
+      "plan": plan_digest}))
 
 
-def read_all(num_workers, timeout_ms=2000):
+def read_all(store, num_workers, timeout_s=2.0):
   """Every worker's latest published row (None where none is published)."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   rows = []
   for w in range(num_workers):
     try:
-      text = context.context().get_config_key_value(f"{KEY_PREFIX}{w}",
-                                                    timeout_ms)
-      rows.append(json.loads(text))
-    except Exception:  # pylint: disable=broad-except
+      rows.append(json.loads(store.get(f"{KEY_PREFIX}{w}", timeout_s)))
+    except kv_store.KeyMissing:
       rows.append(None)
   return rows

@@ -336,11 +336,12 @@ class Rounds:
     # The published rows are for people and tools (plans come from the
     # round's decision), so they are refreshed at most every PUBLISH_EVERY_S: two RPCs to
     # the coordination service per round would cost short rounds dearly.
-    if self.publish and now - self._t_published >= PUBLISH_EVERY_S:
+    if (self.publish and self.membership is not None and
+        now - self._t_published >= PUBLISH_EVERY_S):
       self._t_published = now
       try:
-        rate_table.publish(self.me, table.entries[self.me],
-                           self.plan.digest())
+        rate_table.publish(self.membership.store, self.me,
+                           table.entries[self.me], self.plan.digest())
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("oscars_tf: could not publish the rate row: %s", e)
     self._last_sync_step = int(step)

@@ -12,6 +12,7 @@ from absl import logging
 
 from oscars_tf import averaging
 from oscars_tf import cluster as cluster_lib
+from oscars_tf import kv_store
 from oscars_tf import rate_table
 from oscars_tf import replicas
 from oscars_tf import runtime
@@ -276,4 +277,4 @@ class OscarsStrategy(tf.distribute.Strategy):
     finished a round. One-worker clusters have no table."""
     if not self.cluster.is_multi_worker:
       return []
-    return rate_table.read_all(self.num_workers)
+    return rate_table.read_all(kv_store.ContextStore(), self.num_workers)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from oscars_tf import kv_store
 from oscars_tf import membership
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
@@ -32,12 +33,17 @@ class FakeStore:
   def get(self, key, timeout_s):
     with self._cv:
       if not self._cv.wait_for(lambda: key in self.data, timeout_s):
-        raise membership.KeyMissing(key)
+        raise kv_store.KeyMissing(key)
       return self.data[key]
 
   def delete(self, key):
     with self._cv:
       self.data.pop(key, None)
+
+  def wait_for_key(self, key, timeout_s=10):
+    """Blocks until `key` is set (what another thread has done by then)."""
+    with self._cv:
+      assert self._cv.wait_for(lambda: key in self.data, timeout_s), key
 
 
 def _row(worker, rate=10.0):
@@ -108,8 +114,9 @@ def test_a_late_worker_rejoins_at_a_later_round_with_an_unknown_rate():
     return ws[2].exchange(1, _row(2))
 
   def others():
+    store.wait_for_key(f"{membership.PREFIX}j/2")  # worker 2 asked to rejoin
     got = []
-    for r in range(2, 40):  # rounds go on until worker 2 is let back in
+    for r in range(2, 5):  # the next round lets it back in
       d = [None, None]
       _, errs = _run([lambda i=i: d.__setitem__(i, ws[i].exchange(
           r, _row(i))) for i in (0, 1)])
@@ -117,7 +124,6 @@ def test_a_late_worker_rejoins_at_a_later_round_with_an_unknown_rate():
       got.append(d[0])
       if 2 in d[0].members:
         return got
-      time.sleep(0.02)
     return got
   out, errors = _run([late, others])
   assert errors == [None, None]
@@ -146,9 +152,10 @@ def test_newcomers_get_the_chiefs_plan_context():
   ws = _workers(store, 2, straggler=0.2)
   _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
   context = {"epoch": 3, "epoch_end": False, "state": {"period": 4.0}}
-  out, errors = _run([
-      lambda: ws[1].exchange(0, _row(1)),
-      lambda: [time.sleep(0.2), ws[0].exchange(1, _row(0), 17, context)][1]])
+  def chief_round_1():
+    store.wait_for_key(f"{membership.PREFIX}j/1")  # worker 1 asked to rejoin
+    return ws[0].exchange(1, _row(0), 17, context)
+  out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_1])
   assert errors == [None, None]
   assert out[0].to_json() == out[1].to_json()
   assert out[0].chief_plan == context and out[0].epoch_done == 17
@@ -181,7 +188,7 @@ def test_a_decision_deleted_while_a_worker_slept_means_it_was_dropped():
   store.delete(f"{membership.PREFIX}d/0")  # as KEEP_ROUNDS later rounds do
 
   def chief_round_2():
-    time.sleep(0.7)
+    store.wait_for_key(f"{membership.PREFIX}j/1")  # worker 1 asked to rejoin
     return ws[0].exchange(2, _row(0))
   out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_2])
   assert errors == [None, None]

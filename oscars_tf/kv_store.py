@@ -1,0 +1,45 @@
+"""The key-value store the workers share: TensorFlow's coordination service.
+
+The protocol modules (membership.py, rate_table.py) take any object with
+`set`, `get` and `delete`; tests give them a dict-backed one. This module
+imports TensorFlow only when a `ContextStore` is made.
+"""
+
+import math
+
+
+class KeyMissing(Exception):
+  """`get` found no value for the key within its timeout."""
+
+
+def put(store, key, value):
+  """Sets a key that may exist already (the service refuses to overwrite)."""
+  store.delete(key)
+  store.set(key, value)
+
+
+class ContextStore:
+  """TensorFlow's coordination-service key-value store."""
+
+  def __init__(self):
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._ctx = context.context()
+    self._missing = (tf.errors.DeadlineExceededError, tf.errors.NotFoundError)
+
+  def set(self, key, value):
+    self._ctx.set_config_key_value(key, value)
+
+  def get(self, key, timeout_s):
+    """The value of `key`; KeyMissing when none within `timeout_s`."""
+    try:
+      return self._ctx.get_config_key_value(
+          key, max(1, int(math.ceil(timeout_s * 1000))))
+    except self._missing:
+      raise KeyMissing(key) from None
+
+  def delete(self, key):
+    try:
+      self._ctx.delete_config_key_value(key)
+    except Exception:  # pylint: disable=broad-except
+      pass  # absent already
