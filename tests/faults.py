@@ -31,11 +31,18 @@ def workers_of(marker):
   return found
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, launcher=None):
+  """Polls `predicate` until true; fails at `timeout`, or at once when the
+  `launcher` (a Popen) has exited without it, with the job's output."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     if predicate():
       return
+    if launcher is not None and launcher.poll() is not None:
+      out, err = launcher.communicate()
+      raise AssertionError(
+          f"the job exited ({launcher.returncode}) before {what}:\n"
+          f"{out[-2000:]}\n{err[-3000:]}")
     time.sleep(0.05)
   raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 

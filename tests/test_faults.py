@@ -45,7 +45,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
                                  f"--result_json={tmp_path / 'kill.json'}"],
                       ["--timeout=200"])
   try:
-    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 4, 150, "epoch 4")
+    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 4, 150, "epoch 4", job)
     victim = faults.workers_of(str(ckpt))[2]
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
@@ -92,7 +92,7 @@ def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
       f"--result_json={tmp_path / 'stall.json'}"], ["--timeout=240"])
   try:
     faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 4, 150,
-                    "epoch 4")
+                    "epoch 4", job)
     victim = faults.workers_of(str(tmp_path / "ckpt"))[2]
     stopped_at = time.time()
     os.kill(victim, signal.SIGSTOP)

@@ -46,7 +46,7 @@ def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
       ["--restarts=1", "--timeout=240"] + launcher_args)
   try:
     faults.wait_for(lambda: faults.epoch_of(ckpt) >= 1, 120,
-                    "the first checkpoint")
+                    "the first checkpoint", launcher)
     pid = faults.workers_of(str(ckpt)).get(victim)
     assert pid, f"worker {victim} not found"
     killed_at_epoch = faults.epoch_of(ckpt)

@@ -20,12 +20,12 @@ import inspect
 import os
 
 import keras
-import numpy as np
 from absl import logging
 
 from oscars_tf import averaging
 from oscars_tf.frontends import fit_hooks
 from oscars_tf.frontends import fit_inputs
+from oscars_tf.frontends import keras3_inputs
 
 _installed = False
 
@@ -34,76 +34,6 @@ def _oscars_extended(model):
   strategy = getattr(model, "_distribute_strategy", None)
   extended = getattr(strategy, "extended", None)
   return extended if hasattr(extended, "finish_epoch") else None
-
-
-# -- inputs -------------------------------------------------------------------
-
-
-class ShardedPyDataset(keras.utils.PyDataset):
-  """Batches `index`, `index + n`, ... of a PyDataset: one worker's shard.
-
-  Equal shards (the last `len % n` batches are left out) keep workers of a
-  Fixed schedule in step. `workers`, `use_multiprocessing` and
-  `max_queue_size` are the wrapped dataset's, so its loading stays parallel.
-  """
-
-  def __init__(self, data, num_workers, index):
-    super().__init__(workers=data.workers,
-                     use_multiprocessing=data.use_multiprocessing,
-                     max_queue_size=data.max_queue_size)
-    self.data, self.num_workers, self.index = data, num_workers, index
-
-  def __len__(self):
-    return len(self.data) // self.num_workers
-
-  def __getitem__(self, i):
-    if not 0 <= i < len(self):
-      raise IndexError(f"batch {i} of a shard of {len(self)}")
-    return self.data[self.index + i * self.num_workers]
-
-  def on_epoch_begin(self):
-    self.data.on_epoch_begin()
-
-  def on_epoch_end(self):
-    self.data.on_epoch_end()
-
-
-class StreamPyDataset(keras.utils.PyDataset):
-  """An endless stream of a PyDataset's batches, in an order of this
-  worker's own (a permutation per pass, seeded by the worker and the pass):
-  each batch is drawn about once per cluster epoch."""
-
-  def __init__(self, data, index):
-    super().__init__(workers=data.workers,
-                     use_multiprocessing=data.use_multiprocessing,
-                     max_queue_size=data.max_queue_size)
-    self.data, self.index = data, index
-    self._order = (None, None)
-
-  @property
-  def num_batches(self):
-    return None  # endless: the plan ends each epoch
-
-  def __getitem__(self, i):
-    length = len(self.data)
-    cycle, pos = divmod(i, length)
-    if self._order[0] != cycle:
-      rng = np.random.default_rng([1000 + self.index, cycle])
-      self._order = (cycle, rng.permutation(length))
-    return self.data[int(self._order[1][pos])]
-
-
-def _split_validation(arrays, fraction):
-  # Keras' own split, so validation_split means what it means without us.
-  from keras.src.trainers.data_adapters import array_slicing  # pylint: disable=g-import-not-at-top
-  return array_slicing.train_validation_split(arrays,
-                                              validation_split=fraction)
-
-
-FLAVOUR = fit_inputs.Flavour(
-    name="keras3", py_dataset_types=(keras.utils.PyDataset,),
-    shard_py_dataset=ShardedPyDataset, stream_py_dataset=StreamPyDataset,
-    split_validation=_split_validation)
 
 
 # -- callbacks ----------------------------------------------------------------
@@ -202,11 +132,11 @@ def _prepare_fit(model, extended, args):
   x, y, sw = args["x"], args["y"], args["sample_weight"]
   if (args["validation_split"] and args["validation_data"] is None and
       fit_inputs.is_array_like(x)):
-    (x, y, sw), args["validation_data"] = _split_validation(
+    (x, y, sw), args["validation_data"] = keras3_inputs.split_validation(
         (x, y, sw), args["validation_split"])
     args["validation_split"] = 0.0
   inp = fit_inputs.split_for_worker(
-      FLAVOUR, fit_inputs.FitInput(
+      keras3_inputs.FLAVOUR, fit_inputs.FitInput(
           x, y, sw, args["batch_size"], args["steps_per_epoch"],
           args["shuffle"]),
       info.num_workers, info.worker_index, extended.plans_epochs())
@@ -244,84 +174,9 @@ def _wrap_fit(original):
     call["callbacks"] = ([_EpochCallback(hooks)] + list(call["callbacks"]) +
                          [_StopCallback(hooks)])
     with extended.unsharded(), _peer_errors_explained(extended), \
-        _planned_epochs(planned):
+        keras3_inputs.epoch_iterators(planned):
       return original(self, **call)
   return fit
-
-
-@contextlib.contextmanager
-def _planned_epochs(planned):
-  """Lets the plan end each epoch of an endless input (see below).
-
-  Keras 3's `fit` builds its `TFEpochIterator` by name from the trainer
-  module, so the class is swapped there for the length of the call.
-  """
-  if not planned:
-    yield
-    return
-  from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
-  original = trainer.TFEpochIterator
-  planned_class = _planned_iterator_class(original)
-  trainer.TFEpochIterator = planned_class
-  try:
-    yield
-  finally:
-    trainer.TFEpochIterator = original
-    while planned_class.open_streams:  # stops a PyDataset's loader threads
-      planned_class.open_streams.pop().close_stream()
-
-
-@functools.lru_cache(maxsize=None)
-def _planned_iterator_class(base):
-
-  class PlannedEpochIterator(base):
-    """Keras' epoch iterator, for a stream whose epochs the plan ends.
-
-    One endless iterator serves the whole `fit`; each epoch yields steps
-    (`steps_per_execution` at a time) until the round that ends the epoch
-    has ended on this worker, which happens on every worker at the same
-    round. Validation inside `fit` builds its own, finite iterator.
-    """
-
-    open_streams = []
-
-    def __init__(self, *args, **kwargs):
-      super().__init__(*args, **kwargs)
-      self._rounds = self._distribute_strategy.extended.rounds
-      self._planned = getattr(kwargs.get("x"), "_oscars_planned_epochs",
-                              False)
-      self._stream = None
-
-    def _enumerate_iterator(self):
-      if not self._planned:
-        yield from super()._enumerate_iterator()
-        return
-      if self._stream is None:
-        # One "epoch" of the data adapter spans the whole fit (a PyDataset's
-        # loader runs from here to close_stream).
-        self.data_adapter.on_epoch_begin()
-        self._stream = iter(self._get_iterator())
-        type(self).open_streams.append(self)
-      # The first batch always: Keras also iterates before the first epoch
-      # begins (to build the model from one batch), when the last `fit`'s
-      # epoch is still over.
-      step = 0
-      while step == 0 or not self._rounds.epoch_over:
-        yield step, step + self.steps_per_execution - 1, self._stream
-        step += self.steps_per_execution
-
-    def reset(self):
-      # Keras resets once after reading a batch to build the model, which
-      # ends the adapter's epoch: the stream is opened anew.
-      super().reset()
-      self._stream = None
-
-    def close_stream(self):
-      if self._stream is not None:
-        self._stream = None
-        self.data_adapter.on_epoch_end()
-
-  return PlannedEpochIterator
 
 
 @contextlib.contextmanager
@@ -341,7 +196,7 @@ def _wrap_unsharded(original):
     extended = _oscars_extended(self)
     if extended is None:
       return original(self, *args, **kwargs)
-    with extended.unsharded():
+    with extended.unsharded(), keras3_inputs.epoch_iterators():
       return original(self, *args, **kwargs)
   return method
 

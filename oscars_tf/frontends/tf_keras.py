@@ -17,8 +17,8 @@ every worker over the whole input with no collective.
 tf_keras distributes datasets itself (its `DataHandler` calls
 `strategy.experimental_distribute_dataset`), which would shard them by
 worker a second time: all three methods run inside `extended.unsharded()`.
-Planned epochs (Adaptive schedule) run through `_PlannedDataHandler`, whose
-epochs the plan ends. tf_keras' test and predict steps update mirrored batch
+Inputs (shards, planned epochs, iterators deleted off the training thread)
+are in `tf_keras_inputs`. tf_keras' test and predict steps update mirrored batch
 counters, which the strategy would take for training steps: they are made
 worker-local (`_local_batch_counters`).
 """
@@ -28,7 +28,6 @@ import functools
 import inspect
 import os
 
-import numpy as np
 import tensorflow as tf
 import tf_keras
 from absl import logging
@@ -38,7 +37,7 @@ from tf_keras.src.distribute import distributed_file_utils
 from tf_keras.src.engine import data_adapter, training
 
 from oscars_tf import averaging
-from oscars_tf.frontends import fit_hooks, fit_inputs
+from oscars_tf.frontends import fit_hooks, fit_inputs, tf_keras_inputs
 
 _installed = False
 
@@ -112,161 +111,6 @@ def _oscars_extended(model):
   strategy = getattr(model, "distribute_strategy", None)
   extended = getattr(strategy, "extended", None)
   return extended if hasattr(extended, "finish_epoch") else None
-
-
-# -- inputs -------------------------------------------------------------------
-
-
-class ShardedSequence(tf_keras.utils.Sequence):
-  """Batches `index`, `index + n`, ... of a Sequence: one worker's shard.
-
-  Equal shards (the last `len % n` batches are left out) keep workers of a
-  Fixed schedule in step. Parallel loading is `fit`'s (`workers`,
-  `use_multiprocessing`), as for any Sequence.
-  """
-
-  def __init__(self, data, num_workers, index):
-    super().__init__()
-    self.data, self.num_workers, self.index = data, num_workers, index
-
-  def __len__(self):
-    return len(self.data) // self.num_workers
-
-  def __getitem__(self, i):
-    if not 0 <= i < len(self):
-      raise IndexError(f"batch {i} of a shard of {len(self)}")
-    return self.data[self.index + i * self.num_workers]
-
-  def on_epoch_end(self):
-    self.data.on_epoch_end()
-
-
-class StreamSequence(tf_keras.utils.Sequence):
-  """A Sequence's batches in an order of this worker's own (a permutation
-  per pass, seeded by the worker and the pass): each batch is drawn about
-  once per cluster epoch.
-
-  tf_keras iterates a Sequence once per iterator (`range(len(seq))`, a list
-  of that length with `workers`), so the stream is `passes` passes long
-  (about 65536 batches) and `_PlannedDataHandler` repeats it. Loading in
-  parallel (`workers > 1`) keeps drawing new permutations (its enqueuer calls
-  `on_epoch_end` after each pass); with one loader the pattern repeats after
-  those batches.
-  """
-
-  def __init__(self, data, index):
-    super().__init__()
-    self.data, self.index = data, index
-    self.passes = max(1, -(-65536 // len(data)))
-    self._first_pass = 0
-    self._order = (None, None)
-
-  def __len__(self):
-    return len(self.data) * self.passes
-
-  def __getitem__(self, i):
-    length = len(self.data)
-    cycle, pos = divmod(i, length)
-    cycle += self._first_pass
-    if self._order[0] != cycle:
-      rng = np.random.default_rng([1000 + self.index, cycle])
-      self._order = (cycle, rng.permutation(length))
-    return self.data[int(self._order[1][pos])]
-
-  def on_epoch_end(self):
-    self._first_pass += self.passes
-    self.data.on_epoch_end()
-
-
-def _split_validation(arrays, fraction):
-  # tf_keras' own split (the last part), so validation_split means what it
-  # means without us.
-  return data_adapter.train_validation_split(arrays,
-                                             validation_split=fraction)
-
-
-FLAVOUR = fit_inputs.Flavour(
-    name="tf_keras", py_dataset_types=(tf_keras.utils.Sequence,),
-    shard_py_dataset=ShardedSequence, stream_py_dataset=StreamSequence,
-    split_validation=_split_validation)
-
-
-class _PlannedDataHandler(data_adapter.DataHandler):
-  """tf_keras' DataHandler for a stream whose epochs the plan ends.
-
-  One endless iterator serves the whole `fit`; each epoch yields steps
-  (`steps_per_execution` at a time) until the round that ends the epoch has
-  ended on this worker, which happens on every worker at the same round
-  (`rounds.epoch_over`). Validation builds its own, finite handler.
-  """
-
-  def __init__(self, *args, **kwargs):
-    model = kwargs.get("model")
-    strategy = (model.distribute_strategy if model is not None else
-                tf.distribute.get_strategy())
-    self._rounds = strategy.extended.rounds
-    # -1 is tf_keras' "no epoch length" (an endless input is refused
-    # without it); the plan gives the length.
-    kwargs["steps_per_epoch"] = -1
-    super().__init__(*args, **kwargs)
-
-  def _infer_steps(self, steps, dataset):
-    return None  # no warning that training "runs indefinitely": it doesn't
-
-  def _validate_data_handler(self):
-    # tf_keras refuses steps_per_execution > 1 on an input of unknown
-    # length, for fear of a partial execution at its end; the stream is
-    # endless and rounds end at execution boundaries.
-    pass
-
-  def _configure_dataset_and_inferred_steps(self, strategy, x,
-                                            steps_per_epoch, class_weight,
-                                            distribute):
-    # A Sequence stream is finite to tf_keras (its adapter iterates it once
-    # per iterator): repeat it, on the adapter so the base class applies
-    # class weights and distributes as usual.
-    dataset = self._adapter.get_dataset()
-    if dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
-      endless = dataset.repeat()
-      self._adapter.get_dataset = lambda: endless
-    super()._configure_dataset_and_inferred_steps(
-        strategy, x, steps_per_epoch, class_weight, distribute)
-
-  def enumerate_epochs(self):
-    # One iterator for all epochs; the adapter's epoch end (which stops a
-    # Sequence's loader threads or processes) once, when `fit` is over.
-    iterator = iter(self._dataset)
-    try:
-      for epoch in range(self._initial_epoch, self._epochs):
-        yield epoch, iterator
-    finally:
-      self._adapter.on_epoch_end()
-
-  def steps(self):
-    # A resumed step count (BackupAndRestore with save_freq in batches)
-    # has no meaning in a planned epoch: each starts at step 0.
-    self._initial_step = 0
-    self._current_step = 0
-    spe = int(self._steps_per_execution.numpy())
-    self._step_increment = spe - 1
-    # The first step always: `epoch_over` is reset by the epoch's begin
-    # callback, but must never end an epoch before it started.
-    while self._current_step == 0 or not self._rounds.epoch_over:
-      yield self._current_step
-      self._current_step += spe
-
-
-def _wrap_get_data_handler(original):
-  """`fit` builds its DataHandler through `data_adapter.get_data_handler`:
-  a planned stream (marked by `fit_inputs`) gets `_PlannedDataHandler`."""
-
-  @functools.wraps(original)
-  def get_data_handler(*args, **kwargs):
-    x = kwargs.get("x", args[0] if args else None)
-    if getattr(x, "_oscars_planned_epochs", False):
-      return _PlannedDataHandler(*args, **kwargs)
-    return original(*args, **kwargs)
-  return get_data_handler
 
 
 # -- callbacks ----------------------------------------------------------------
@@ -411,11 +255,11 @@ def _prepare_fit(model, extended, args):
   x, y, sw = args["x"], args["y"], args["sample_weight"]
   if (args["validation_split"] and args["validation_data"] is None and
       fit_inputs.is_array_like(x)):
-    (x, y, sw), args["validation_data"] = _split_validation(
+    (x, y, sw), args["validation_data"] = tf_keras_inputs.split_validation(
         (x, y, sw), args["validation_split"])
     args["validation_split"] = 0.0
   inp = fit_inputs.split_for_worker(
-      FLAVOUR, fit_inputs.FitInput(
+      tf_keras_inputs.FLAVOUR, fit_inputs.FitInput(
           x, y, sw, args["batch_size"], args["steps_per_epoch"],
           args["shuffle"]),
       info.num_workers, info.worker_index, extended.plans_epochs())
@@ -456,7 +300,8 @@ def _wrap_fit(original):
     call["callbacks"] = [_EpochCallback(hooks)] + user_callbacks + [
         _StopCallback(hooks)]
     try:
-      with extended.unsharded(), _peer_errors_explained(extended):
+      with extended.unsharded(), _peer_errors_explained(extended), \
+          tf_keras_inputs.handlers_released():
         return original(self, **call)
     finally:
       _remove_backup_temp_dirs(user_callbacks, self.distribute_strategy,
@@ -482,7 +327,7 @@ def _wrap_unsharded(original):
     if extended is None:
       return original(self, *args, **kwargs)
     _local_batch_counters(self)
-    with extended.unsharded():
+    with extended.unsharded(), tf_keras_inputs.handlers_released():
       return original(self, *args, **kwargs)
   return method
 
@@ -539,6 +384,6 @@ def install():
   cls.predict = _wrap_unsharded(cls.predict)
   cls.test_on_batch = _wrap_local_counters(cls.test_on_batch)
   cls.predict_on_batch = _wrap_local_counters(cls.predict_on_batch)
-  data_adapter.get_data_handler = _wrap_get_data_handler(
+  data_adapter.get_data_handler = tf_keras_inputs.wrap_get_data_handler(
       data_adapter.get_data_handler)
   _installed = True

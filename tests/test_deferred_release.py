@@ -1,0 +1,50 @@
+"""Tests for oscars_tf.frontends.deferred_release (no TensorFlow needed)."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+from oscars_tf.frontends import deferred_release
+
+
+class _SlowToDelete:
+  """Stands for a tf.data iterator whose deletion blocks (autotune)."""
+
+  def __init__(self, gate, deleted_on):
+    self.gate, self.deleted_on = gate, deleted_on
+
+  def __del__(self):
+    self.gate.wait(10)
+    self.deleted_on.append(threading.current_thread())
+
+
+def test_objects_are_deleted_off_the_calling_thread():
+  gate, deleted_on = threading.Event(), []
+  holder = [_SlowToDelete(gate, deleted_on) for _ in range(2)]
+  deferred_release.release(holder)
+  # Deleted here, release() would have waited out the gate (10 s) first.
+  assert holder == [] and deleted_on == []
+  gate.set()
+  for thread in deferred_release.pending():
+    thread.join(10)
+  assert len(deleted_on) == 2
+  assert threading.current_thread() not in deleted_on
+
+
+def test_an_exiting_process_waits_for_deletions_in_progress():
+  program = textwrap.dedent("""
+      import sys, time
+      from oscars_tf.frontends import deferred_release
+
+      class Slow:
+        def __del__(self):
+          time.sleep(0.5)
+          print("deleted", flush=True)
+
+      deferred_release.release([Slow()])
+      print("returned", flush=True)
+      """)
+  out = subprocess.run([sys.executable, "-c", program], capture_output=True,
+                       text=True, timeout=60, check=True).stdout
+  assert out.split() == ["returned", "deleted"], out
