@@ -69,7 +69,7 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
 
   def dataset_fn(ctx):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
-    if not (oscars and strategy.extended.plans_epochs()):
+    if not (oscars and strategy.extended.epochs.plans()):
       ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     ds = ds.shuffle(len(x), seed=seed + 1000 + ctx.input_pipeline_id)
     return ds.repeat().batch(batch_size // replicas, drop_remainder=True)

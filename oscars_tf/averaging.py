@@ -7,11 +7,14 @@ Every member receives the same reduced buffer, so right after a sync all
 members hold bit-identical values.
 """
 
+import contextlib
 import zlib
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
+
+from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
@@ -208,3 +211,28 @@ class HierarchicalAverager:
 def packed_bytes(tensors):
   """Bytes of the tensors one member contributes to an averaging."""
   return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
+
+
+@contextlib.contextmanager
+def peer_errors_explained(what, worker, num_workers, timeout,
+                          collectives_only=False):
+  """Turns a TensorFlow error of a collective at `what` into the clear one:
+  PeerTimeoutError when peers did not arrive within `timeout`, else
+  WorkerLostError. With `collectives_only`, errors of other ops (a user's
+  input pipeline, say) pass unchanged."""
+  try:
+    yield
+  except PEER_ERRORS as e:
+    if collectives_only and "Collective" not in str(e):
+      raise
+    if isinstance(e, tf.errors.DeadlineExceededError):
+      raise PeerTimeoutError(
+          f"worker {worker}: not every one of the {num_workers} workers "
+          f"reached {what} within {timeout:.0f} s (collective_timeout). A "
+          "worker may have died, stalled, or stopped training earlier than "
+          "the others.") from e
+    raise WorkerLostError(
+        f"worker {worker}: a peer is gone at {what} ({type(e).__name__}); a "
+        "worker may have died or stopped training earlier than the others. "
+        "This process's collectives are now aborted: restart the job (from "
+        "a checkpoint; oscars-launch --restarts does this).") from e

@@ -18,47 +18,25 @@ where those meet TensorFlow's strategy contract:
 
 import atexit
 import contextlib
-import sys
-import threading
-import zlib
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf import averaging
+from oscars_tf import epochs as epochs_lib
 from oscars_tf import inputs
 from oscars_tf import kv_store
 from oscars_tf import membership as membership_lib
 from oscars_tf import multi_worker_roles
 from oscars_tf import replicas
 from oscars_tf import rounds as rounds_lib
-from oscars_tf import schedules as schedules_lib
-from oscars_tf.errors import (PeerTimeoutError, WorkerLostError,
-                              WorkerMismatchError)
+from oscars_tf import startup
 from oscars_tf.replicas import component_variables as _component_variables
 from oscars_tf.replicas import is_float as _is_float
 
-OPTIMIZER_STATES = ("local", "average")
-
-
-_uncaught_error = threading.Event()
-
-
-def _note_uncaught_errors():
-  """Remembers that the process is ending on an uncaught error (once)."""
-  previous = sys.excepthook
-  if getattr(previous, "_oscars_notes_errors", False):
-    return
-
-  def hook(*args):
-    _uncaught_error.set()
-    previous(*args)
-  hook._oscars_notes_errors = True  # pylint: disable=protected-access
-  sys.excepthook = hook
 
 
 def _inside_while_loop():
@@ -116,13 +94,14 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._outer_state = {}        # outer optimizer: (start, momentum) copies
     self._sync_functions = {}
     self._suppress_sharding = 0
-    self._epoch_target = None     # fit: cluster steps per planned epoch
-    self._epoch_end_step = None   # custom loop: this worker's last step
     self._logdir = None
     self._summaries = None
+    self.epochs = epochs_lib.Epochs(
+        self._rounds, info, schedule, averages=self._averages,
+        end_round_now=self.average_now)
     if info.is_multi_worker:
-      _note_uncaught_errors()
-      atexit.register(self.finish_at_exit)
+      epochs_lib.note_uncaught_errors()
+      atexit.register(self.epochs.finish_at_exit)
 
   def _learning_rate(self):
     optimizer = self._tracked[1] if self._tracked else None
@@ -141,7 +120,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     """Checks and broadcasts the tracked variables now (eager, at `fit`'s
     start), not at the first step: a worker whose shard turns out to be
     empty still takes part, and so the averaging points can be ended
-    without a step of its own (see `finish_epoch`)."""
+    without a step of its own (see `epochs.Epochs.finish`)."""
     variables = self._variables_to_average([])
     if variables:
       self._last_variables = variables
@@ -255,10 +234,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         values = tf.cond(is_global,
                          lambda: self._outer_step(values, *outer),
                          lambda: [tf.identity(v) for v in values])
-      return self._write(variables, values, starts)
+      return replicas.write_values(variables, values, starts)
 
     return self._rounds.round_end_ops(
-        step, loss, read_values=lambda: self._read(variables),
+        step, loss,
+        read_values=lambda: replicas.read_values(variables, self._local_sgd),
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
         reset_state=self._clear_nonfinite_slots)
@@ -291,39 +271,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   # -- averaging ----------------------------------------------------------
 
-  def _read(self, variables):
-    """This worker's value of each variable (its replicas' mean)."""
-    if self._local_sgd:  # local copies differ: their mean speaks for them
-      return [tf.add_n([tf.identity(c) for c in _component_variables(v)]) /
-              len(_component_variables(v)) for v in variables]
-    return [tf.identity(_component_variables(v)[0]) for v in variables]
-
-  def _write(self, variables, values, starts=None):
-    """Assigns `values` to every local copy (and the FedNova start)."""
-    ops = [c.assign(a) for v, a in zip(variables, values)
-           for c in _component_variables(v)]
-    ops += [s.assign(a) for s, a in zip(starts or [], values)]
-    return tf.group(ops)
-
-  def _broadcast_from_chief(self, variables):
-    weight = 1.0 if self._cluster.is_chief else 0.0
-    values = self._averager.weighted_sum(self._read(variables), weight)
-    self._write(variables, values)
-
-  def _signature(self, variables):
-    """Numbers every worker must agree on (exact in float32)."""
-    shapes = repr([(tuple(_component_variables(v)[0].shape),
-                    _component_variables(v)[0].dtype.name) for v in variables])
-    return [len(variables),
-            sum(int(np.prod(_component_variables(v)[0].shape))
-                for v in variables),
-            zlib.crc32(shapes.encode()) % (1 << 24),
-            self._schedule.fingerprint(),
-            OPTIMIZER_STATES.index(self._optimizer_state),
-            ("RING", "NCCL").index(self._communication),
-            self._outer.fingerprint() if self._outer else 0,
-            self._rounds.step_quantum]
-
   def _start_once(self, variables):
     """Checks that workers agree, then broadcasts worker 0's model.
 
@@ -338,57 +285,36 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._started_sets.add(key)
     with tf.init_scope():
       if self._cluster.is_multi_worker:
-        self._check_workers_agree(variables)
-        self._collective_or_timeout(
-            lambda: self._broadcast_from_chief(variables),
-            "the initial broadcast")
+        handshake = startup.Handshake(
+            self._averager, self._cluster, self._collective_or_timeout)
+        handshake.check_workers_agree(variables, startup.Settings(
+            self._schedule, self._optimizer_state, self._communication,
+            self._outer, self._rounds.step_quantum))
+        handshake.broadcast_from_chief(
+            replicas.read_values(variables, self._local_sgd),
+            lambda values: replicas.write_values(variables, values))
+      started = replicas.read_values(variables, self._local_sgd)
       with tf.device(self._host):
         if getattr(self._schedule, "weighting", None) == "normalized":
-          self._round_starts[key] = [
-              tf.Variable(v, trainable=False) for v in self._read(variables)]
+          self._round_starts[key] = [tf.Variable(v, trainable=False)
+                                     for v in started]
         if self._outer is not None:
           self._outer_state[key] = (
-              [tf.Variable(v, trainable=False) for v in self._read(variables)],
+              [tf.Variable(v, trainable=False) for v in started],
               [tf.Variable(tf.zeros_like(v), trainable=False)
-               for v in self._read(variables)])
+               for v in started])
       self._rounds.mark_round_start()
 
-  def _check_workers_agree(self, variables):
-    names = ["variable count", "element count", "shapes/dtypes", "schedule",
-             "optimizer_state", "communication", "outer_optimizer",
-             "steps_per_execution"]
-    mine = self._signature(variables)
-    low, high = self._collective_or_timeout(
-        lambda: self._averager.min_max(mine), "the start of training")
-    bad = [n for n, a, b in zip(names, low.numpy(), high.numpy()) if a != b]
-    if bad:
-      raise WorkerMismatchError(
-          f"workers disagree on {', '.join(bad)}: worker "
-          f"{self._cluster.worker_index} has {len(variables)} variables, "
-          f"{mine[1]} elements, schedule {self._schedule!r}, "
-          f"optimizer_state={self._optimizer_state!r}. Every worker must "
-          "build the same model and the same OscarsStrategy arguments.")
-
   def _collective_or_timeout(self, fn, what):
-    try:
+    with self.peer_errors_explained(what):
       return fn()
-    except averaging.PEER_ERRORS as e:
-      raise self.peer_error(e, what) from e
 
-  def peer_error(self, error, what):
-    """The clear error for a TensorFlow error of a collective at `what`."""
-    me = self._cluster.worker_index
-    if isinstance(error, tf.errors.DeadlineExceededError):
-      return PeerTimeoutError(
-          f"worker {me}: not every one of the {self._cluster.num_workers} "
-          f"workers reached {what} within {self._averager.timeout:.0f} s "
-          "(collective_timeout). A worker may have died, stalled, or stopped "
-          "training earlier than the others.")
-    return WorkerLostError(
-        f"worker {me}: a peer is gone at {what} ({type(error).__name__}); a "
-        "worker may have died or stopped training earlier than the others. "
-        "This process's collectives are now aborted: restart the job (from "
-        "a checkpoint; oscars-launch --restarts does this).")
+  def peer_errors_explained(self, what, collectives_only=False):
+    """A context in which a failed collective raises PeerTimeoutError or
+    WorkerLostError saying what happened at `what` (see averaging)."""
+    return averaging.peer_errors_explained(
+        what, self._cluster.worker_index, self._cluster.num_workers,
+        self._averager.timeout, collectives_only)
 
   @contextlib.contextmanager
   def unsharded(self):
@@ -419,16 +345,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     `scheduler.quantized`). Every worker must use the same."""
     self._rounds.step_quantum = max(1, int(steps))
 
-  def set_epoch_target(self, cluster_steps):
-    """`fit`'s planned epochs: cluster-wide steps per epoch, or None."""
-    self._epoch_target = cluster_steps
-
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""
-    return ((self._cluster.is_multi_worker or self._local_sgd) and
-            bool(self._last_variables) and
-            int(self._rounds.local_step.numpy()) !=
-            int(self._rounds.last_sync_step.numpy()))
+    return self._averages() and (int(self._rounds.local_step.numpy()) !=
+                                 int(self._rounds.last_sync_step.numpy()))
 
   def sync_now(self):
     """Ends the round now (eager). Every worker must call it together."""
@@ -447,49 +367,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def mark_round_start(self):
     self._rounds.mark_round_start()
 
-  def finish_epoch(self):
-    """Ends this worker's epoch together with the others (eager).
-
-    Where the plan ends epochs (a planned stream), they are already over on
-    every worker at the same round. Otherwise this worker's data ran out (or
-    its loop stopped): it ends its round now with the steps it took, marked
-    out of data, and then takes part in the next rounds with no steps of its
-    own (weight 0: it takes its group's model) until every member's data has
-    run out. That round averages all members and ends the epoch on all of
-    them: whatever each worker's input, no worker waits at a collective that
-    another never reaches.
-    """
-    rounds = self._rounds
-    if (not (self._cluster.is_multi_worker or self._local_sgd) or
-        not self._last_variables or rounds.epoch_over):
-      return
-    rounds.exhausted = True
-    while not rounds.epoch_over:
-      self.average_now()
-
-  def end_training(self):
-    """The chief tells workers still dropped that training is over."""
-    if self._rounds.membership is not None:
-      try:
-        self._rounds.membership.finish(self._rounds.round)
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("oscars_tf: could not mark the end of training: %s",
-                        e)
-
-  def finish_at_exit(self):
-    """At the exit of a process whose training loop ended by itself (a
-    custom loop that never called `begin_epoch`/`end_training`): take part
-    in the rounds, with no steps of its own, until every worker's loop has
-    ended, so a worker still training never waits for one that left. Not
-    after an uncaught error: the others then drop this worker."""
-    if _uncaught_error.is_set() or not self._cluster.is_multi_worker:
-      return
-    try:
-      self.finish_epoch()
-      self.end_training()
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning("oscars_tf: worker %d could not end its last round at "
-                      "exit: %s", self._cluster.worker_index, e)
+  def _averages(self):
+    """Whether rounds average anything yet: a model is stepping and there
+    is someone to average with (other workers, or local SGD replicas)."""
+    return ((self._cluster.is_multi_worker or self._local_sgd) and
+            bool(self._last_variables))
 
   def mark_first_step_done(self):
     self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))
@@ -512,39 +394,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       self._summaries.flush()
       observability.write_timeline(self._logdir, self._rounds.history,
                                    self._cluster.worker_index)
-
-  def plans_epochs(self):
-    """Whether `fit` epochs are cluster-wide (the Adaptive schedule)."""
-    return (self._cluster.is_multi_worker and
-            isinstance(self._schedule, schedules_lib.Adaptive))
-
-  def begin_epoch(self, epoch=None):
-    """Keras epoch start: plan the epoch's end if it is cluster-wide."""
-    if epoch is not None:
-      self._rounds.epoch_index = epoch
-    self._rounds.begin_epoch(self._epoch_target)
-    self._rounds.mark_round_start()
-
-  def begin_custom_epoch(self, cluster_steps, epoch=None):
-    """A custom loop's epoch of `cluster_steps` steps over all workers."""
-    if self.plans_epochs():  # the plan ends it at a round boundary
-      self._epoch_target, self._epoch_end_step = cluster_steps, None
-    else:  # equal shares: each worker takes its part, then all average
-      self._epoch_target = None
-      self._epoch_end_step = (int(self._rounds.local_step.numpy()) +
-                              -(-cluster_steps // self._cluster.num_workers))
-    self.begin_epoch(epoch)
-
-  def cluster_epoch(self, epoch):
-    """The cluster's number for this worker's `epoch` (they differ after
-    the worker was dropped and rejoined: it missed epochs)."""
-    return epoch + self._rounds.epoch_offset
-
-  def custom_epoch_over(self):
-    end = self._epoch_end_step
-    if end is None:
-      return self._rounds.epoch_over
-    return int(self._rounds.local_step.numpy()) >= end
 
   def average_numbers(self, numbers):
     """Mean of a list of floats over all workers (eager, a planned point)."""

@@ -57,6 +57,23 @@ def is_float(var):
   return component_variables(var)[0].dtype.is_floating
 
 
+def read_values(variables, local_sgd):
+  """This worker's value of each variable: its replicas' mean under local
+  SGD (their copies differ), else the first copy (they are equal)."""
+  if local_sgd:
+    return [tf.add_n([tf.identity(c) for c in component_variables(v)]) /
+            len(component_variables(v)) for v in variables]
+  return [tf.identity(component_variables(v)[0]) for v in variables]
+
+
+def write_values(variables, values, starts=None):
+  """Assigns `values` to every local copy (and to the FedNova `starts`)."""
+  ops = [c.assign(a) for v, a in zip(variables, values)
+         for c in component_variables(v)]
+  ops += [s.assign(a) for s, a in zip(starts or [], values)]
+  return tf.group(ops)
+
+
 class LocalSGDReplicas:
   """Mixin for the extended: replica-context reductions stay per replica.
 

@@ -18,7 +18,8 @@ from oscars_tf import replicas
 from oscars_tf import runtime
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
-from oscars_tf.extended import OPTIMIZER_STATES, OscarsExtended
+from oscars_tf.extended import OscarsExtended
+from oscars_tf.startup import OPTIMIZER_STATES
 
 LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
 
@@ -222,24 +223,24 @@ class OscarsStrategy(tf.distribute.Strategy):
         not isinstance(cluster_steps, (int, np.integer)) or cluster_steps < 1):
       raise ValueError("begin_epoch: `cluster_steps` must be an int >= 1, "
                        f"got {cluster_steps!r}.")
-    self.extended.begin_custom_epoch(int(cluster_steps), epoch)
+    self.extended.epochs.begin_custom(int(cluster_steps), epoch)
 
   def cluster_epoch(self, epoch):
     """The cluster's number for this worker's `epoch`: the same, unless the
     worker was dropped (a stall) and rejoined, missing epochs. A custom loop
     of E epochs stops when `cluster_epoch(epoch) >= E - 1`; `fit` does."""
-    return self.extended.cluster_epoch(epoch)
+    return self.extended.epochs.cluster_epoch(epoch)
 
   def end_training(self):
     """The chief marks the end of training, so a worker still dropped stops
     waiting to rejoin (with an error saying so). `fit` calls it; a custom
     loop calls it after its last epoch."""
-    self.extended.end_training()
+    self.extended.epochs.end_training()
 
   @property
   def epoch_over(self):
     """True once the epoch `begin_epoch` started is done on this worker."""
-    return self.extended.custom_epoch_over()
+    return self.extended.epochs.custom_over()
 
   def write_timeline(self):
     """Flushes summaries and writes `<logdir>/timeline_worker_<i>.json`

@@ -424,7 +424,7 @@ def ctl_tutorial():
   trained = _flat(multi_worker_model.get_weights())
   # Not a barrier here: under the Adaptive schedule the workers leave the
   # loop at different times (the strategy ends its rounds together at exit,
-  # see extended.finish_at_exit); the chief's last checkpoint is the file.
+  # see epochs.Epochs.finish_at_exit); the chief's last checkpoint is the file.
   _wait_for_file(os.path.join(checkpoint_dir, f"ckpt-{num_epochs}.index"))
   fresh = build_cnn_model()
   fresh_epoch = tf.Variable(tf.constant(0, tf.int64), name="epoch")

@@ -7,7 +7,7 @@ the same point of `fit`, because each point is reached only through an
 agreement:
 
 * the end of an epoch's training is agreed through the round protocol
-  (`extended.finish_epoch`), whatever the input and however many steps
+  (`extended.epochs.finish`), whatever the input and however many steps
   each worker took;
 * validation, the epoch's logs and the stop decision then follow on all
   workers in the same order; `stop_training` set on any worker (by
@@ -41,19 +41,19 @@ class FitHooks:
   def epoch_begin(self, epoch):
     # Plans the epoch's last round when epochs are cluster-wide, and starts
     # the compute clock (validation and callbacks are not compute).
-    self._extended.begin_epoch(epoch)
+    self._extended.epochs.begin(epoch)
 
   def test_begin(self):
     """Validation inside `fit`: it sees the model averaged at the epoch's
     agreed end (evaluate outside `fit` runs no collective)."""
     if self.in_fit:
-      self._extended.finish_epoch()
+      self._extended.epochs.finish()
 
   def epoch_end(self, logs):
     """Ends the epoch with the others and averages `logs` in place, so every
     worker's callbacks (EarlyStopping, ReduceLROnPlateau, checkpoints) see
     the same numbers and take the same decisions."""
-    self._extended.finish_epoch()
+    self._extended.epochs.finish()
     if not logs:
       return
     keys = sorted(k for k, v in logs.items() if _is_number(v))
@@ -67,11 +67,11 @@ class FitHooks:
     """
     votes = self._extended.average_numbers([1.0 if stop_training else 0.0])
     return bool(votes[0] > 0) or (
-        self._extended.cluster_epoch(epoch) >= self._epochs - 1)
+        self._extended.epochs.cluster_epoch(epoch) >= self._epochs - 1)
 
   def train_end(self):
-    self._extended.finish_epoch()
-    self._extended.end_training()
+    self._extended.epochs.finish()
+    self._extended.epochs.end_training()
     self._extended.finish_logs()
     self.in_fit = False
 

@@ -9,7 +9,7 @@ Two ways to split an epoch between workers:
 * **sharded** (the Fixed schedule, or an input whose length is unknown):
   each worker reads its own shard once per epoch; when its data runs out
   it waits at the round protocol until every worker's has
-  (`extended.finish_epoch`), so unequal shards cannot hang.
+  (`extended.epochs.finish`), so unequal shards cannot hang.
 
 Either way the cluster sees each training sample about once per epoch.
 Nothing here imports Keras: the flavour passes what it knows (its PyDataset

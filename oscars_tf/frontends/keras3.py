@@ -14,7 +14,6 @@ the whole input with no collective: after `fit` all workers hold the same
 averaged model, so they all return the same numbers.
 """
 
-import contextlib
 import functools
 import inspect
 import os
@@ -22,7 +21,6 @@ import os
 import keras
 from absl import logging
 
-from oscars_tf import averaging
 from oscars_tf.frontends import fit_hooks
 from oscars_tf.frontends import fit_inputs
 from oscars_tf.frontends import keras3_inputs
@@ -33,7 +31,7 @@ _installed = False
 def _oscars_extended(model):
   strategy = getattr(model, "_distribute_strategy", None)
   extended = getattr(strategy, "extended", None)
-  return extended if hasattr(extended, "finish_epoch") else None
+  return extended if hasattr(extended, "unsharded") else None
 
 
 # -- callbacks ----------------------------------------------------------------
@@ -125,7 +123,7 @@ def _prepare_fit(model, extended, args):
       if isinstance(cb, keras.callbacks.TensorBoard):
         extended.set_logdir(cb.log_dir)
   fit_inputs.check_has_samples(args["x"], info.num_workers)
-  extended.set_epoch_target(None)
+  extended.epochs.set_target(None)
   args["callbacks"] = list(args["callbacks"] or [])
   if not info.is_multi_worker:
     return args, False
@@ -139,7 +137,7 @@ def _prepare_fit(model, extended, args):
       keras3_inputs.FLAVOUR, fit_inputs.FitInput(
           x, y, sw, args["batch_size"], args["steps_per_epoch"],
           args["shuffle"]),
-      info.num_workers, info.worker_index, extended.plans_epochs())
+      info.num_workers, info.worker_index, extended.epochs.plans())
   logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
                inp.kind)
   args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
@@ -148,7 +146,7 @@ def _prepare_fit(model, extended, args):
   planned = inp.cluster_steps is not None
   if planned:
     args.update(batch_size=None, steps_per_epoch=None)
-    extended.set_epoch_target(inp.cluster_steps)
+    extended.epochs.set_target(inp.cluster_steps)
   if args["verbose"] in ("auto", 1) and not info.is_chief:
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(args["callbacks"], info)
@@ -173,21 +171,12 @@ def _wrap_fit(original):
     hooks = fit_hooks.FitHooks(extended, call["epochs"])
     call["callbacks"] = ([_EpochCallback(hooks)] + list(call["callbacks"]) +
                          [_StopCallback(hooks)])
-    with extended.unsharded(), _peer_errors_explained(extended), \
+    peer_errors = extended.peer_errors_explained("an averaging point",
+                                                 collectives_only=True)
+    with extended.unsharded(), peer_errors, \
         keras3_inputs.epoch_iterators(planned):
       return original(self, **call)
   return fit
-
-
-@contextlib.contextmanager
-def _peer_errors_explained(extended):
-  """Turns a failed averaging collective inside the step into a clear error."""
-  try:
-    yield
-  except averaging.PEER_ERRORS as e:
-    if "Collective" not in str(e):
-      raise
-    raise extended.peer_error(e, "an averaging point") from e
 
 
 def _wrap_unsharded(original):

@@ -23,7 +23,6 @@ counters, which the strategy would take for training steps: they are made
 worker-local (`_local_batch_counters`).
 """
 
-import contextlib
 import functools
 import inspect
 import os
@@ -36,7 +35,6 @@ from tf_keras.src import callbacks as callbacks_lib
 from tf_keras.src.distribute import distributed_file_utils
 from tf_keras.src.engine import data_adapter, training
 
-from oscars_tf import averaging
 from oscars_tf.frontends import fit_hooks, fit_inputs, tf_keras_inputs
 
 _installed = False
@@ -110,7 +108,7 @@ def missing_hooks(instances=True):
 def _oscars_extended(model):
   strategy = getattr(model, "distribute_strategy", None)
   extended = getattr(strategy, "extended", None)
-  return extended if hasattr(extended, "finish_epoch") else None
+  return extended if hasattr(extended, "unsharded") else None
 
 
 # -- callbacks ----------------------------------------------------------------
@@ -248,7 +246,7 @@ def _prepare_fit(model, extended, args):
       if isinstance(cb, tf_keras.callbacks.TensorBoard):
         extended.set_logdir(cb.log_dir)
   fit_inputs.check_has_samples(args["x"], info.num_workers)
-  extended.set_epoch_target(None)
+  extended.epochs.set_target(None)
   args["callbacks"] = list(args["callbacks"] or [])
   if not info.is_multi_worker:
     return args, False
@@ -262,7 +260,7 @@ def _prepare_fit(model, extended, args):
       tf_keras_inputs.FLAVOUR, fit_inputs.FitInput(
           x, y, sw, args["batch_size"], args["steps_per_epoch"],
           args["shuffle"]),
-      info.num_workers, info.worker_index, extended.plans_epochs())
+      info.num_workers, info.worker_index, extended.epochs.plans())
   logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
                inp.kind)
   args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
@@ -271,7 +269,7 @@ def _prepare_fit(model, extended, args):
   planned = inp.cluster_steps is not None
   if planned:
     args.update(batch_size=None, steps_per_epoch=None)
-    extended.set_epoch_target(inp.cluster_steps)
+    extended.epochs.set_target(inp.cluster_steps)
   if args["verbose"] in ("auto", 1) and not info.is_chief:
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(args["callbacks"],
@@ -299,25 +297,16 @@ def _wrap_fit(original):
     user_callbacks = list(call["callbacks"])
     call["callbacks"] = [_EpochCallback(hooks)] + user_callbacks + [
         _StopCallback(hooks)]
+    peer_errors = extended.peer_errors_explained("an averaging point",
+                                                 collectives_only=True)
     try:
-      with extended.unsharded(), _peer_errors_explained(extended), \
+      with extended.unsharded(), peer_errors, \
           tf_keras_inputs.handlers_released():
         return original(self, **call)
     finally:
       _remove_backup_temp_dirs(user_callbacks, self.distribute_strategy,
                                extended.cluster)
   return fit
-
-
-@contextlib.contextmanager
-def _peer_errors_explained(extended):
-  """Turns a failed averaging collective inside the step into a clear error."""
-  try:
-    yield
-  except averaging.PEER_ERRORS as e:
-    if "Collective" not in str(e):
-      raise
-    raise extended.peer_error(e, "an averaging point") from e
 
 
 def _wrap_unsharded(original):

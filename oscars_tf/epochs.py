@@ -1,0 +1,122 @@
+"""When epochs begin and end, agreed by every worker.
+
+A `fit` epoch under the Adaptive schedule is cluster-wide: the plan ends it
+at a round every worker reaches (`Rounds.begin_epoch` with a target). In
+every other case each worker's data, or its loop, ends on its own, and
+`finish` ends the epoch together: the worker ends its round with the steps
+it took, marked out of data, and takes part in the next rounds with no steps
+of its own until every member is out of data (see scheduler.with_arrivals).
+Whatever the input, no worker waits at a collective another never reaches.
+"""
+
+import sys
+import threading
+
+from absl import logging
+
+from oscars_tf import schedules as schedules_lib
+
+
+_uncaught_error = threading.Event()
+
+
+def note_uncaught_errors():
+  """Remembers that the process is ending on an uncaught error (the hook is
+  installed once per process)."""
+  previous = sys.excepthook
+  if getattr(previous, "_oscars_notes_errors", False):
+    return
+
+  def hook(*args):
+    _uncaught_error.set()
+    previous(*args)
+  hook._oscars_notes_errors = True  # pylint: disable=protected-access
+  sys.excepthook = hook
+
+
+class Epochs:
+  """One worker's epochs: planned targets, agreed ends, end of training."""
+
+  def __init__(self, rounds, cluster, schedule, averages, end_round_now):
+    """`averages()`: whether rounds average anything yet (a model is
+    tracked and stepping); `end_round_now()`: ends the round at once on
+    this worker, entering its collectives (eager)."""
+    self._rounds = rounds
+    self._cluster = cluster
+    self._schedule = schedule
+    self._averages = averages
+    self._end_round_now = end_round_now
+    self._target = None     # fit: cluster steps per planned epoch
+    self._end_step = None   # custom loop: this worker's last step
+
+  def plans(self):
+    """Whether `fit` epochs are cluster-wide (the Adaptive schedule)."""
+    return (self._cluster.is_multi_worker and
+            isinstance(self._schedule, schedules_lib.Adaptive))
+
+  def set_target(self, cluster_steps):
+    """`fit`'s planned epochs: cluster-wide steps per epoch, or None."""
+    self._target = cluster_steps
+
+  def begin(self, epoch=None):
+    """Keras epoch start: plan the epoch's end if it is cluster-wide."""
+    if epoch is not None:
+      self._rounds.epoch_index = epoch
+    self._rounds.begin_epoch(self._target)
+    self._rounds.mark_round_start()
+
+  def begin_custom(self, cluster_steps, epoch=None):
+    """A custom loop's epoch of `cluster_steps` steps over all workers."""
+    if self.plans():  # the plan ends it at a round boundary
+      self._target, self._end_step = cluster_steps, None
+    else:  # equal shares: each worker takes its part, then all average
+      self._target = None
+      self._end_step = (int(self._rounds.local_step.numpy()) +
+                        -(-cluster_steps // self._cluster.num_workers))
+    self.begin(epoch)
+
+  def cluster_epoch(self, epoch):
+    """The cluster's number for this worker's `epoch` (they differ after
+    the worker was dropped and rejoined: it missed epochs)."""
+    return epoch + self._rounds.epoch_offset
+
+  def custom_over(self):
+    """Whether a custom loop's epoch is over on this worker."""
+    if self._end_step is None:
+      return self._rounds.epoch_over
+    return int(self._rounds.local_step.numpy()) >= self._end_step
+
+  def finish(self):
+    """Ends this worker's epoch together with the others (eager; see the
+    module docstring). Where the plan ends epochs, they are already over on
+    every worker at the same round."""
+    rounds = self._rounds
+    if not self._averages() or rounds.epoch_over:
+      return
+    rounds.exhausted = True
+    while not rounds.epoch_over:
+      self._end_round_now()
+
+  def end_training(self):
+    """The chief tells workers still dropped that training is over."""
+    if self._rounds.membership is not None:
+      try:
+        self._rounds.membership.finish(self._rounds.round)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("oscars_tf: could not mark the end of training: %s",
+                        e)
+
+  def finish_at_exit(self):
+    """At the exit of a process whose training loop ended by itself (a
+    custom loop that never called `begin_epoch`/`end_training`): take part
+    in the rounds, with no steps of its own, until every worker's loop has
+    ended, so a worker still training never waits for one that left. Not
+    after an uncaught error: the others then drop this worker."""
+    if _uncaught_error.is_set() or not self._cluster.is_multi_worker:
+      return
+    try:
+      self.finish()
+      self.end_training()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("oscars_tf: worker %d could not end its last round at "
+                      "exit: %s", self._cluster.worker_index, e)
