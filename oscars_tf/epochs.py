@@ -5,7 +5,7 @@ at a round every worker reaches (`Rounds.begin_epoch` with a target). In
 every other case each worker's data, or its loop, ends on its own, and
 `finish` ends the epoch together: the worker ends its round with the steps
 it took, marked out of data, and takes part in the next rounds with no steps
-of its own until every member is out of data (see scheduler.with_arrivals).
+of its own until every member is out of data (see planner.with_arrivals).
 Whatever the input, no worker waits at a collective another never reaches.
 """
 

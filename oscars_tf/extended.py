@@ -342,7 +342,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
-    `scheduler.quantized`). Every worker must use the same."""
+    `planner.quantized`). Every worker must use the same."""
     self._rounds.step_quantum = max(1, int(steps))
 
   def needs_sync(self):

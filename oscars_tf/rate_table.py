@@ -13,7 +13,7 @@ import json
 import math
 
 from oscars_tf import kv_store
-from oscars_tf import scheduler
+from oscars_tf import planner
 
 KEY_PREFIX = "oscars_tf/table/"
 
@@ -51,7 +51,7 @@ class RateMeter:
     self.rate = math.nan
 
 
-def publish(store, worker, entry: scheduler.TableEntry, plan_digest: str):
+def publish(store, worker, entry: planner.TableEntry, plan_digest: str):
   """Writes this worker's row to `store` (a kv_store.ContextStore)."""
   kv_store.put(store, f"{KEY_PREFIX}{worker}", json.dumps({
       "rate": entry.rate, "round": entry.round, "loss": entry.loss,

@@ -25,12 +25,12 @@ from absl import logging
 from oscars_tf import averaging
 from oscars_tf import membership as membership_lib
 from oscars_tf import rate_table
-from oscars_tf import scheduler
+from oscars_tf import planner
 
-ROW = len(scheduler.FIELDS)
-FIELD_HEALTHY = scheduler.FIELDS.index("healthy")
-FIELD_STEPS = scheduler.FIELDS.index("steps")
-FIELD_EXHAUSTED = scheduler.FIELDS.index("exhausted")
+ROW = len(planner.FIELDS)
+FIELD_HEALTHY = planner.FIELDS.index("healthy")
+FIELD_STEPS = planner.FIELDS.index("steps")
+FIELD_EXHAUSTED = planner.FIELDS.index("exhausted")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
 HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
@@ -55,8 +55,8 @@ class Rounds:
     self.publish = publish and info.is_multi_worker
     self.meter = rate_table.RateMeter()
     self.round = 0
-    empty = scheduler.StepRateTable(
-        tuple(scheduler.TableEntry() for _ in range(self.n)), self.hosts)
+    empty = planner.StepRateTable(
+        tuple(planner.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
     self.history = []  # one dict per finished round
     self.observer = None  # called as observer(entry, table, next_plan)
@@ -224,7 +224,7 @@ class Rounds:
           "%s)", self.me, self.round, list(decision.members),
           list(decision.dropped), list(decision.newcomers))
     self.members = decision.members
-    self.plan = scheduler.with_members(self.plan, decision.members,
+    self.plan = planner.with_members(self.plan, decision.members,
                                        decision.newcomers, self._weighting)
     rows = np.full([self.n, ROW], np.nan)
     for j, r in enumerate(decision.rows):
@@ -232,7 +232,7 @@ class Rounds:
         rows[j, :len(r)] = r[:ROW]
     steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
     exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
-    self.plan, self._epoch_agreed = scheduler.with_arrivals(
+    self.plan, self._epoch_agreed = planner.with_arrivals(
         self.plan, decision.members, steps, exhausted, self._weighting)
     healthy = [j in decision.members and rows[j, FIELD_HEALTHY] > 0.5
                for j in range(self.n)]
@@ -244,7 +244,7 @@ class Rounds:
           self.me, self.round, self._poisoned)
     # Newcomers, like poisoned members, add nothing and take the model.
     sound = [ok and j not in decision.newcomers for j, ok in enumerate(healthy)]
-    weight = scheduler.healthy_weight(self.plan, self.me, sound)
+    weight = planner.healthy_weight(self.plan, self.me, sound)
     group = self.plan.group_of(self.me)
     takes_model = not sound[self.me]
     if not any(sound[j] for j in group):
@@ -286,7 +286,7 @@ class Rounds:
     self.totals["bytes_sent"] += int(bytes_sent)
     self.totals["collectives"] += 1
     self._last_divergence = float(divergence)
-    table = scheduler.StepRateTable.from_rows(
+    table = planner.StepRateTable.from_rows(
         np.asarray(table_vec).reshape(self.n, ROW), self.hosts)
     self.history.append({
         "round": self.round, "plan": self.plan.digest(),
@@ -321,7 +321,7 @@ class Rounds:
       if ended.epoch_end or remaining <= 0:
         self.epoch_over = True  # every worker ends the epoch here
       else:
-        self.plan = self._quantized(scheduler.fit_to_epoch(
+        self.plan = self._quantized(planner.fit_to_epoch(
             self.plan, remaining, self._weighting))
     if self.observer is not None:
       try:
@@ -355,7 +355,7 @@ class Rounds:
     return np.int64(k), np.float32(scale)
 
   def _quantized(self, plan):
-    return scheduler.quantized(plan, self.step_quantum, self._weighting)
+    return planner.quantized(plan, self.step_quantum, self._weighting)
 
   def _log_changes(self):
     """State changes once each (plan lines are at --v=1)."""
@@ -384,7 +384,7 @@ class Rounds:
     self.epoch_done, self.epoch_over, self.exhausted = 0, False, False
     self.epoch_target = target_steps
     if target_steps is not None:
-      self.plan = scheduler.fit_to_epoch(self.plan, target_steps,
+      self.plan = planner.fit_to_epoch(self.plan, target_steps,
                                          self._weighting)
     self.plan = self._quantized(self.plan)
     self._assign_plan(int(self.local_step.numpy()))

@@ -1,7 +1,7 @@
 """When and with whom to average: schedules are pure policy (no TensorFlow).
 
 A schedule turns the step-rate table into the plan of the next round (see
-scheduler.py). The strategy keeps the counters and runs the collectives; a
+planner.py). The strategy keeps the counters and runs the collectives; a
 schedule only does arithmetic, so it is testable without a cluster and gives
 the same answer on every worker. Period rules are small objects with state
 passed in and out, composed into `Adaptive`.
@@ -13,7 +13,7 @@ import json
 import math
 import warnings
 
-from oscars_tf import scheduler
+from oscars_tf import planner
 
 
 def _positive_int(name, value, owner):
@@ -35,7 +35,7 @@ class Schedule:
   """Base class: a deterministic rule for the next round's plan."""
 
   def plan(self, table, round_, state=None):
-    """The `scheduler.Plan` of round `round_` (state: previous plan's)."""
+    """The `planner.Plan` of round `round_` (state: previous plan's)."""
     raise NotImplementedError
 
   def config(self) -> dict:
@@ -82,7 +82,7 @@ class Fixed(Schedule):
     self.warmup_steps = warmup_steps
 
   def plan(self, table, round_, state=None):
-    return scheduler.fixed_plan(table, self.every, self.warmup_steps, round_,
+    return planner.fixed_plan(table, self.every, self.warmup_steps, round_,
                                 state)
 
   def config(self):
@@ -200,7 +200,7 @@ class Adaptive(Schedule):
   k_i = floor(rate_i * T) >= 1 local steps, so all workers reach the
   averaging point together and no one idles. Groups (same host first, then
   similar speed) average every round; all workers every `global_every`
-  rounds (adapted to the measured divergence). See scheduler.plan.
+  rounds (adapted to the measured divergence). See planner.plan.
 
   Args (defaults work without tuning):
     period_rule: AdaComm() (default), QuadraticSync(), DivergenceBand() or
@@ -272,7 +272,7 @@ class Adaptive(Schedule):
     self.max_staleness = max_staleness
 
   def plan(self, table, round_, state=None):
-    return scheduler.plan(table, self, round_, state)
+    return planner.plan(table, self, round_, state)
 
   def config(self):
     out = {k: v for k, v in vars(self).items() if k != "period_rule"}

@@ -257,7 +257,7 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   @property
   def plan(self):
-    """The `scheduler.Plan` of the round in progress (same on all workers)."""
+    """The `planner.Plan` of the round in progress (same on all workers)."""
     return self.extended._rounds.plan  # pylint: disable=protected-access
 
   @property

@@ -236,8 +236,10 @@ def main(params):
     spe = 4 if name == "steps_per_execution" else 1
     model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None)
     counter = _step_counter(keras, strategy)
+    rounds_before = len(strategy.round_history)
     history = getattr(cases, name)(model, [counter])
     returned_at = time.time()  # one clock for all workers (one machine)
+    rounds = strategy.round_history[rounds_before:]
     final = getattr(cases, "loaded", None) if name == "save_and_load" else (
         model)
     flat = np.concatenate([np.ravel(v.numpy()) for v in final.weights])
@@ -246,6 +248,9 @@ def main(params):
         "batches": counter.batches,
         "epoch_ends": counter.epoch_ends,
         "returned_at": returned_at,
+        # This case's longest round (compute + wait + communication).
+        "round_s": max([r["compute_s"] + r["wait_s"] + r["comm_s"]
+                        for r in rounds] or [0.0]),
         "epochs": len(history.history["loss"]),
         "history": {k: [float(v) for v in vs]
                     for k, vs in history.history.items()},

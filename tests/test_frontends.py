@@ -101,21 +101,21 @@ def test_tf_keras_matrix_one_data_set_per_epoch(tf_keras_matrix, case):
 
 @pytest.mark.parametrize("case", _tfk_cases())
 def test_tf_keras_matrix_fit_returns_together(tf_keras_matrix, case):
-  """No worker idles after the others at the end of an epoch (rounds take
-  milliseconds: one second is rounds of slack) or of `fit`. After its last
-  collective, tf_keras' `fit` frees the epoch's tf.data iterator, which
-  takes 0.3-2.5 s in a worker's (cluster) eager context on a loaded 2-core
-  machine (about 1 ms without a cluster), so `fit` returns within 5 s."""
+  """No worker idles after the others at the end of an epoch or of `fit`:
+  within one round plus a second (a loaded 2-core machine). tf_keras' `fit`
+  frees its epochs' tf.data iterators as it returns, which took 0.3-2.5 s
+  on one worker: they are deleted off the training thread now (issue 16)."""
   cases, _, result = tf_keras_matrix
   if case not in cases:
     pytest.skip(f"{case}: {_TFK_PROGRAM_GAPS[case]}")
   outs = _tfk_outputs(result, case)
   if "returned_at" not in outs[0]:
     pytest.skip("the program does not record when fit returns")
+  bound = max(o.get("round_s", 0.0) for o in outs) + 1.0  # one round
   returned = [o["returned_at"] for o in outs]
-  assert max(returned) - min(returned) < 5.0, returned
+  assert max(returned) - min(returned) < bound, (returned, bound)
   for epoch, ends in enumerate(zip(*[o["epoch_ends"] for o in outs])):
-    assert max(ends) - min(ends) < 1.0, (epoch, ends)
+    assert max(ends) - min(ends) < bound, (epoch, ends, bound)
 
 
 def test_tf_keras_matrix_progress_bar_never_counts_past_its_end(

@@ -99,14 +99,19 @@ def test_keras3_hooks_present():
       f"oscars_tf/frontends/keras3.py hooks: {', '.join(missing)}")
 
 
+# Process scheduling on a loaded 2-core machine (3 workers and TensorFlow's
+# threads), on top of one round.
+SPREAD_MARGIN_S = 1.0
+
+
 @pytest.mark.parametrize("case", cases())
 def test_every_worker_returns_from_fit_and_ends_epochs_together(matrix, case):
-  """No worker idles after the others at the end of `fit` or of an epoch
-  (before this was fixed: seconds, growing with link cost). Rounds here take
-  tens of milliseconds; the margin covers a loaded 2-core machine, where a
-  worker's own teardown after the last collective took up to 2.4 s."""
+  """No worker idles after the others at the end of `fit` or of an epoch:
+  within one round plus MARGIN_S (before issue 16: up to 9 s, the deletion
+  of an autotuned tf.data iterator on one worker)."""
   outs = _outputs(matrix, case)
+  bound = max(o["round_s"] for o in outs) + SPREAD_MARGIN_S
   returned = [o["returned_at"] for o in outs]
-  assert max(returned) - min(returned) < 5.0, (case, returned)
+  assert max(returned) - min(returned) < bound, (case, returned, bound)
   for epoch, ends in enumerate(zip(*[o["epoch_ends"] for o in outs])):
-    assert max(ends) - min(ends) < 5.0, (case, epoch, ends)
+    assert max(ends) - min(ends) < bound, (case, epoch, ends, bound)

@@ -5,13 +5,13 @@ import warnings
 
 import pytest
 
-from oscars_tf import scheduler
+from oscars_tf import planner
 from oscars_tf import schedules
 
 
 def _table(rates, hosts=None):
-  entries = tuple(scheduler.TableEntry(rate=r, round=0) for r in rates)
-  return scheduler.StepRateTable(entries, tuple(hosts or ["h"] * len(rates)))
+  entries = tuple(planner.TableEntry(rate=r, round=0) for r in rates)
+  return planner.StepRateTable(entries, tuple(hosts or ["h"] * len(rates)))
 
 
 def test_fixed_period_for_everyone_and_one_group():
@@ -60,15 +60,15 @@ def test_policy_layer_imports_no_tensorflow():
 
 
 def _loss_table(loss, lr=0.1, divergence=float("nan")):
-  e = scheduler.TableEntry(rate=1.0, round=0, loss=loss, learning_rate=lr,
+  e = planner.TableEntry(rate=1.0, round=0, loss=loss, learning_rate=lr,
                            divergence=divergence)
-  return scheduler.StepRateTable((e, e), ("h", "h"))
+  return planner.StepRateTable((e, e), ("h", "h"))
 
 
 def test_adacomm_shrinks_the_period_with_the_loss():
   config = schedules.Adaptive(initial_period=16)
   rule = schedules.AdaComm()
-  state = scheduler.PlannerState(period=16, global_every=4)
+  state = planner.PlannerState(period=16, global_every=4)
   state = rule.update(state, _loss_table(4.0), config)   # seeds loss_0
   assert state.period == 16 and state.initial_loss == 4.0
   state = rule.update(state, _loss_table(1.0), config)   # sqrt(1/4) * 16
@@ -78,7 +78,7 @@ def test_adacomm_shrinks_the_period_with_the_loss():
 
 def test_quadratic_rule_follows_the_learning_rate():
   rule = schedules.QuadraticSync(beta=0.2, base_period=2)
-  state = scheduler.PlannerState(period=16, global_every=4)
+  state = planner.PlannerState(period=16, global_every=4)
   assert rule.update(state, _loss_table(1.0, lr=0.1), None).period == 4
   assert rule.update(state, _loss_table(1.0, lr=0.02), None).period == 100
   assert rule.update(state, _loss_table(1.0, lr=1.0), None).period == 2
@@ -86,7 +86,7 @@ def test_quadratic_rule_follows_the_learning_rate():
 
 def test_divergence_band_keeps_divergence_inside():
   rule = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
-  state = scheduler.PlannerState(period=16, global_every=4)
+  state = planner.PlannerState(period=16, global_every=4)
   assert rule.update(state, _loss_table(1, divergence=0.5), None).period == 8
   assert rule.update(state, _loss_table(1, divergence=0.001), None).period == 32
   assert rule.update(state, _loss_table(1, divergence=0.05), None).period == 16

@@ -184,3 +184,45 @@ def _generator(inp, w, i):
     yield from itertools.islice(inp.x, i, None, w)
   return dataclasses.replace(inp, x=own_elements(),
                              kind="generator, every n-th element")
+
+
+def rewrite_fit_args(extended, args, flavour, tensorboard_type):
+  """The flavour-agnostic part of `fit`'s arguments for this worker, in
+  place (`args`: fit's bound arguments); returns whether epochs are planned.
+
+  Logs next to the user's TensorBoard callback, gives this worker its share
+  of the input (keeping `validation_split`'s meaning), sets the epoch target
+  of planned epochs, and leaves the progress bar to the chief.
+  """
+  info = extended.cluster
+  if not extended.logdir:  # log next to Keras' TensorBoard callback
+    for cb in args["callbacks"] or []:
+      if isinstance(cb, tensorboard_type):
+        extended.set_logdir(cb.log_dir)
+  check_has_samples(args["x"], info.num_workers)
+  extended.epochs.set_target(None)
+  args["callbacks"] = list(args["callbacks"] or [])
+  if not info.is_multi_worker:
+    return False
+  x, y, sw = args["x"], args["y"], args["sample_weight"]
+  if (args["validation_split"] and args["validation_data"] is None and
+      is_array_like(x)):
+    (x, y, sw), args["validation_data"] = flavour.split_validation(
+        (x, y, sw), args["validation_split"])
+    args["validation_split"] = 0.0
+  inp = split_for_worker(
+      flavour, FitInput(x, y, sw, args["batch_size"], args["steps_per_epoch"],
+                        args["shuffle"]),
+      info.num_workers, info.worker_index, extended.epochs.plans())
+  logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
+               inp.kind)
+  args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
+              batch_size=inp.batch_size, steps_per_epoch=inp.steps_per_epoch,
+              shuffle=inp.shuffle)
+  planned = inp.cluster_steps is not None
+  if planned:
+    args.update(batch_size=None, steps_per_epoch=None)
+    extended.epochs.set_target(inp.cluster_steps)
+  if args["verbose"] in ("auto", 1) and not info.is_chief:
+    args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
+  return planned

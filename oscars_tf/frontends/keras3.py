@@ -118,37 +118,10 @@ def _prepare_fit(model, extended, args):
     model.jit_compile = False
   extended.track(model, model.optimizer)
   extended.set_steps_per_execution(model.steps_per_execution)
-  if not extended.logdir:  # log next to Keras' TensorBoard callback
-    for cb in args["callbacks"] or []:
-      if isinstance(cb, keras.callbacks.TensorBoard):
-        extended.set_logdir(cb.log_dir)
-  fit_inputs.check_has_samples(args["x"], info.num_workers)
-  extended.epochs.set_target(None)
-  args["callbacks"] = list(args["callbacks"] or [])
+  planned = fit_inputs.rewrite_fit_args(extended, args, keras3_inputs.FLAVOUR,
+                                       keras.callbacks.TensorBoard)
   if not info.is_multi_worker:
     return args, False
-  x, y, sw = args["x"], args["y"], args["sample_weight"]
-  if (args["validation_split"] and args["validation_data"] is None and
-      fit_inputs.is_array_like(x)):
-    (x, y, sw), args["validation_data"] = keras3_inputs.split_validation(
-        (x, y, sw), args["validation_split"])
-    args["validation_split"] = 0.0
-  inp = fit_inputs.split_for_worker(
-      keras3_inputs.FLAVOUR, fit_inputs.FitInput(
-          x, y, sw, args["batch_size"], args["steps_per_epoch"],
-          args["shuffle"]),
-      info.num_workers, info.worker_index, extended.epochs.plans())
-  logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
-               inp.kind)
-  args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
-              batch_size=inp.batch_size, steps_per_epoch=inp.steps_per_epoch,
-              shuffle=inp.shuffle)
-  planned = inp.cluster_steps is not None
-  if planned:
-    args.update(batch_size=None, steps_per_epoch=None)
-    extended.epochs.set_target(inp.cluster_steps)
-  if args["verbose"] in ("auto", 1) and not info.is_chief:
-    args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(args["callbacks"], info)
   if planned and args["verbose"] not in (0, 2):
     args["callbacks"].append(_PlannedProgbar())

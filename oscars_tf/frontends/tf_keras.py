@@ -241,37 +241,10 @@ def _prepare_fit(model, extended, args):
     model.autotune_steps_per_execution = False
   extended.track(model, model.optimizer)
   extended.set_steps_per_execution(int(model.steps_per_execution.numpy()))
-  if not extended.logdir:  # log next to tf_keras' TensorBoard callback
-    for cb in args["callbacks"] or []:
-      if isinstance(cb, tf_keras.callbacks.TensorBoard):
-        extended.set_logdir(cb.log_dir)
-  fit_inputs.check_has_samples(args["x"], info.num_workers)
-  extended.epochs.set_target(None)
-  args["callbacks"] = list(args["callbacks"] or [])
-  if not info.is_multi_worker:
+  planned = fit_inputs.rewrite_fit_args(
+      extended, args, tf_keras_inputs.FLAVOUR, tf_keras.callbacks.TensorBoard)
+  if not extended.cluster.is_multi_worker:
     return args, False
-  x, y, sw = args["x"], args["y"], args["sample_weight"]
-  if (args["validation_split"] and args["validation_data"] is None and
-      fit_inputs.is_array_like(x)):
-    (x, y, sw), args["validation_data"] = tf_keras_inputs.split_validation(
-        (x, y, sw), args["validation_split"])
-    args["validation_split"] = 0.0
-  inp = fit_inputs.split_for_worker(
-      tf_keras_inputs.FLAVOUR, fit_inputs.FitInput(
-          x, y, sw, args["batch_size"], args["steps_per_epoch"],
-          args["shuffle"]),
-      info.num_workers, info.worker_index, extended.epochs.plans())
-  logging.info("oscars_tf: worker %d trains on %s.", info.worker_index,
-               inp.kind)
-  args.update(x=inp.x, y=inp.y, sample_weight=inp.sample_weight,
-              batch_size=inp.batch_size, steps_per_epoch=inp.steps_per_epoch,
-              shuffle=inp.shuffle)
-  planned = inp.cluster_steps is not None
-  if planned:
-    args.update(batch_size=None, steps_per_epoch=None)
-    extended.epochs.set_target(inp.cluster_steps)
-  if args["verbose"] in ("auto", 1) and not info.is_chief:
-    args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   args["callbacks"] = _worker_callbacks(args["callbacks"],
                                         model.distribute_strategy, info)
   if planned and args["verbose"] != 0:

@@ -1,4 +1,4 @@
-"""Tests for oscars_tf.scheduler, the planner (pure Python, no TensorFlow).
+"""Tests for oscars_tf.planner (pure Python, no TensorFlow).
 
 Property tests run over random tables with hypothesis.
 """
@@ -10,7 +10,7 @@ import time
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from oscars_tf import scheduler
+from oscars_tf import planner
 from oscars_tf import schedules
 
 RATE = st.one_of(st.floats(0.05, 500.0), st.just(math.nan),
@@ -24,9 +24,9 @@ def tables(draw, max_workers=24):
   rounds = draw(st.lists(st.integers(-1, 12), min_size=n, max_size=n))
   hosts = draw(st.lists(st.sampled_from("abc"), min_size=n, max_size=n))
   losses = draw(st.lists(st.floats(0.01, 10.0), min_size=n, max_size=n))
-  entries = tuple(scheduler.TableEntry(rate=r, round=k, loss=l)
+  entries = tuple(planner.TableEntry(rate=r, round=k, loss=l)
                   for r, k, l in zip(rates, rounds, losses))
-  return scheduler.StepRateTable(entries, tuple(hosts))
+  return planner.StepRateTable(entries, tuple(hosts))
 
 
 CONFIGS = st.builds(
@@ -66,7 +66,7 @@ def test_local_steps_ordered_like_the_rates(table, config, round_):
 @given(tables(), CONFIGS, st.integers(0, 12))
 def test_identical_inputs_give_identical_plans(table, config, round_):
   a = config.plan(table, round_)
-  b = config.plan(scheduler.StepRateTable(tuple(table.entries),
+  b = config.plan(planner.StepRateTable(tuple(table.entries),
                                           tuple(table.hosts)), round_)
   assert a == b and a.to_json() == b.to_json() and a.digest() == b.digest()
 
@@ -75,7 +75,7 @@ def test_identical_inputs_give_identical_plans(table, config, round_):
 @given(tables(), st.integers(0, 12))
 def test_bad_and_stale_rates_are_planned_at_the_median(table, round_):
   config = schedules.Adaptive()
-  rates, bad = scheduler.usable_rates(table, round_, config.max_staleness)
+  rates, bad = planner.usable_rates(table, round_, config.max_staleness)
   assert all(math.isfinite(r) and r > 0 for r in rates)
   good = [r for i, r in enumerate(rates) if i not in bad]
   for i in bad:
@@ -98,8 +98,8 @@ def test_every_worker_arrives_within_half_a_step_of_the_budget(table,
 
 
 def test_steps_follow_the_rates():
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
       ("h",) * 4)
   p = schedules.Adaptive(initial_period=16).plan(table, 4)
   assert p.local_steps == (16, 16, 8, 4)
@@ -108,8 +108,8 @@ def test_steps_follow_the_rates():
 
 
 def test_straggler_gets_one_step_and_stretches_the_budget():
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=0) for r in (100.0, 100.0, 0.5)),
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=0) for r in (100.0, 100.0, 0.5)),
       ("h",) * 3)
   p = schedules.Adaptive(initial_period=16).plan(table, 1)
   assert p.stragglers == (2,)
@@ -117,8 +117,8 @@ def test_straggler_gets_one_step_and_stretches_the_budget():
 
 
 def test_fednova_scales_normalize_updates():
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=0) for r in (40.0, 10.0)), ("h",) * 2)
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=0) for r in (40.0, 10.0)), ("h",) * 2)
   p = schedules.Adaptive(weighting="normalized", initial_period=8).plan(table,
                                                                          1)
   assert p.local_steps == (8, 2) and p.weights == (0.5, 0.5)
@@ -128,8 +128,8 @@ def test_fednova_scales_normalize_updates():
 
 def test_host_groups_then_global_every_few_rounds():
   hosts = ("a", "a", "b", "b")
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=10.0, round=0) for _ in hosts), hosts)
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=10.0, round=0) for _ in hosts), hosts)
   config = schedules.Adaptive(global_every=3, adaptive_global=False)
   state, kinds = None, []
   for r in range(1, 7):
@@ -143,8 +143,8 @@ def test_host_groups_then_global_every_few_rounds():
 
 def test_speed_groups_have_similar_rates_and_bounded_size():
   rates = (80.0, 10.0, 79.0, 11.0, 40.0, 41.0)
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=0) for r in rates), ("h",) * 6)
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=0) for r in rates), ("h",) * 6)
   config = schedules.Adaptive(grouping="speed", max_group_size=2,
                               global_every=100)
   p = config.plan(table, 1)
@@ -154,10 +154,10 @@ def test_speed_groups_have_similar_rates_and_bounded_size():
 def test_missing_rows_are_named_in_the_plan():
   """The plan names the workers planned at the median (the caller logs a
   change of that set once, not every round)."""
-  table = scheduler.StepRateTable(
-      (scheduler.TableEntry(rate=10.0, round=5),
-       scheduler.TableEntry(rate=math.nan, round=5),
-       scheduler.TableEntry(rate=10.0, round=0)), ("h",) * 3)
+  table = planner.StepRateTable(
+      (planner.TableEntry(rate=10.0, round=5),
+       planner.TableEntry(rate=math.nan, round=5),
+       planner.TableEntry(rate=10.0, round=0)), ("h",) * 3)
   p = schedules.Adaptive().plan(table, 6)
   assert p.imputed == (1, 2)
   assert p.rates == (10.0, 10.0, 10.0)
@@ -165,8 +165,8 @@ def test_missing_rows_are_named_in_the_plan():
 
 def test_planner_time_for_ten_thousand_workers():
   """Not a speed assertion: records the time for the closing note."""
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=1.0 + (i % 97), round=0) for i in range(10000)),
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=1.0 + (i % 97), round=0) for i in range(10000)),
       tuple(f"host{i // 8}" for i in range(10000)))
   start = time.perf_counter()
   p = schedules.Adaptive(max_group_size=8).plan(table, 1)
@@ -176,13 +176,13 @@ def test_planner_time_for_ten_thousand_workers():
 
 
 def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 20.0, 10.0)),
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=3) for r in (40.0, 20.0, 10.0)),
       ("h",) * 3)
   p = schedules.Adaptive(initial_period=16).plan(table, 4)
   assert p.local_steps == (16, 8, 4)
-  assert scheduler.fit_to_epoch(p, 100) is p          # far from the end
-  last = scheduler.fit_to_epoch(p, 14)               # half a round left
+  assert planner.fit_to_epoch(p, 100) is p          # far from the end
+  last = planner.fit_to_epoch(p, 14)               # half a round left
   assert last.epoch_end and last.global_sync
   assert last.local_steps == (8, 4, 2)
   assert last.time_budget == pytest.approx(0.2)
@@ -190,29 +190,29 @@ def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
     assert abs(k / r - last.time_budget) < 1 / r  # within one of its steps
   uneven = dataclasses.replace(p, rates=(41.0, 19.5, 9.7))
   for remaining in range(1, 45):  # 45 = 1.5 rounds + 3: not the last round
-    last = scheduler.fit_to_epoch(uneven, remaining)
+    last = planner.fit_to_epoch(uneven, remaining)
     # The epoch is one pass over the data: exactly what was left (each
     # worker takes at least one step).
     assert sum(last.local_steps) == max(remaining, 3), remaining
     assert min(last.local_steps) >= 1
-  assert scheduler.fit_to_epoch(uneven, 45) is uneven
+  assert planner.fit_to_epoch(uneven, 45) is uneven
 
 
 def test_poisoned_members_get_no_weight_and_the_rest_renormalize():
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
       ("h",) * 4)
   p = schedules.Adaptive(initial_period=16, grouping="global").plan(table, 4)
   healthy = [True, False, True, True]
-  weights = [scheduler.healthy_weight(p, i, healthy) for i in range(4)]
+  weights = [planner.healthy_weight(p, i, healthy) for i in range(4)]
   assert weights[1] == 0.0
   assert sum(weights) == pytest.approx(1.0)
   # The healthy members keep their relative weights.
   assert weights[0] / weights[2] == pytest.approx(p.weights[0] / p.weights[2])
   # Nobody healthy in the group: the weights stay (nothing sound to average).
-  assert scheduler.healthy_weight(p, 0, [False] * 4) == p.weights[0]
+  assert planner.healthy_weight(p, 0, [False] * 4) == p.weights[0]
   rows = [[40.0, 3, 1.0, 0.0, 0.1, 16, 1.0], [40.0, 3, 1.0, 0.0, 0.1, 16, 0.0]]
-  parsed = scheduler.StepRateTable.from_rows(rows, ("h", "h"))
+  parsed = planner.StepRateTable.from_rows(rows, ("h", "h"))
   assert [e.healthy for e in parsed.entries] == [True, False]
 
 
@@ -224,7 +224,7 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
   n = table.size
   members = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
   newcomers = data.draw(st.sets(st.sampled_from(sorted(members))))
-  out = scheduler.with_members(plan, members, newcomers)
+  out = planner.with_members(plan, members, newcomers)
   assert sorted(i for g in out.groups for i in g) == list(range(n))
   for g in out.groups:
     if any(i not in members for i in g):
@@ -237,25 +237,25 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
       kept = tuple(i for i in g if i in members)
       assert not kept or kept in out.groups
   assert out.local_steps == plan.local_steps
-  assert scheduler.with_members(plan, range(n)) is plan
+  assert planner.with_members(plan, range(n)) is plan
 
 
 def _even_plan(n=3, k=(6, 6, 2)):
-  table = scheduler.StepRateTable(tuple(
-      scheduler.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)
+  table = planner.StepRateTable(tuple(
+      planner.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)
   return schedules.Fixed(4).plan(table, 5)
 
 
 def test_arrivals_without_exhausted_members_change_nothing():
   p = _even_plan()
-  q, over = scheduler.with_arrivals(p, (0, 1, 2), (4, 4, 4),
+  q, over = planner.with_arrivals(p, (0, 1, 2), (4, 4, 4),
                                     (False, False, False))
   assert q is p and not over
 
 
 def test_a_member_out_of_data_with_no_steps_takes_the_model():
   p = _even_plan()
-  q, over = scheduler.with_arrivals(p, (0, 1, 2), (4, 0, 4),
+  q, over = planner.with_arrivals(p, (0, 1, 2), (4, 0, 4),
                                     (False, True, False))
   assert not over
   assert q.weights[1] == 0.0 and q.weights[0] == q.weights[2] == 0.5
@@ -263,7 +263,7 @@ def test_a_member_out_of_data_with_no_steps_takes_the_model():
 
 def test_the_epoch_is_over_when_every_member_is_out_of_data():
   p = _even_plan()
-  q, over = scheduler.with_arrivals(p, (0, 2), (3, 9, 1),
+  q, over = planner.with_arrivals(p, (0, 2), (3, 9, 1),
                                     (True, False, True))
   assert over and q.epoch_end and q.global_sync
   assert q.groups[0] == (0, 2) and (1,) in q.groups
@@ -273,7 +273,7 @@ def test_the_epoch_is_over_when_every_member_is_out_of_data():
 
 def test_an_over_epoch_where_nobody_stepped_is_a_plain_mean():
   p = _even_plan()
-  q, over = scheduler.with_arrivals(p, (0, 1, 2), (0, 0, 0), (True,) * 3)
+  q, over = planner.with_arrivals(p, (0, 1, 2), (0, 0, 0), (True,) * 3)
   assert over and q.weights == pytest.approx((1 / 3,) * 3)
 
 
@@ -281,7 +281,7 @@ def test_an_over_epoch_where_nobody_stepped_is_a_plain_mean():
 @given(tables(), st.integers(1, 8))
 def test_quantized_steps_are_whole_calls_and_never_fewer(table, quantum):
   p = schedules.Adaptive().plan(table, 4)
-  q = scheduler.quantized(p, quantum)
+  q = planner.quantized(p, quantum)
   for k, kq in zip(p.local_steps, q.local_steps):
     assert kq % quantum == 0 and k <= kq < k + quantum
   for g in q.groups:

@@ -1,0 +1,253 @@
+"""Local worker processes of one job: start, watch, stop (oscars-launch's
+machinery; `Job` is also what the tests and benchmarks start jobs with).
+
+Each worker gets its own TF_CONFIG on a free port, leads its own process
+group (signals reach whatever it starts) and, on Linux, is killed by the
+kernel if the thread that started it dies (PR_SET_PDEATHSIG). Its stdout and
+stderr are forwarded line by line, prefixed with its index. Imports no
+TensorFlow.
+"""
+
+import ctypes
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def free_ports(n, host="127.0.0.1"):
+  """n distinct free TCP ports on host (bound once, then released)."""
+  sockets, ports = [], []
+  try:
+    for _ in range(n):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((host, 0))
+      sockets.append(s)
+      ports.append(s.getsockname()[1])
+  finally:
+    for s in sockets:
+      s.close()
+  return ports
+
+
+def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None):
+  """One TF_CONFIG JSON string per worker of a local cluster.
+
+  `hosts` (one address per worker) places workers on different addresses,
+  e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
+  """
+  ports = ports or free_ports(num_workers, host)
+  hosts = hosts or [host] * num_workers
+  cluster = {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports)]}
+  return [json.dumps({"cluster": cluster,
+                      "task": {"type": "worker", "index": i}})
+          for i in range(num_workers)]
+
+
+def _pump(stream, prefix, out):
+  for line in iter(stream.readline, b""):
+    out.write(prefix + line.decode(errors="replace"))
+    out.flush()
+  stream.close()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl():
+  """libc's prctl(2), or None where there is none (not Linux)."""
+  if not sys.platform.startswith("linux"):
+    return None
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+  prctl.restype = ctypes.c_int
+  return prctl
+
+
+def _die_with_parent():
+  """A Popen preexec_fn: SIGKILL the child when its parent dies, or None.
+
+  A launcher killed with SIGKILL runs no handler, so only the kernel can
+  stop its workers: PR_SET_PDEATHSIG. The kernel sends it when the *thread*
+  that started the child exits, so a Job must be started from a thread that
+  outlives its workers (the launcher's main thread). Off Linux this returns
+  None and only signal forwarding and process groups stop the workers.
+  """
+  prctl = _prctl()
+  if prctl is None:
+    return None
+  parent = os.getpid()
+
+  def preexec():
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # The parent died before prctl took hold.
+      os.kill(os.getpid(), signal.SIGKILL)
+  return preexec
+
+
+class Signals:
+  """Catches SIGTERM, SIGINT and SIGHUP while the launcher runs a job.
+
+  The handler only records the signal: Job.wait sees it within one poll and
+  forwards it to the workers. A signal ignored when the launcher starts
+  (e.g. SIGHUP under nohup) stays ignored, as shells do.
+  """
+
+  def __init__(self):
+    self.received = None  # the first signal, a signal.Signals
+    self.count = 0
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in FORWARDED_SIGNALS:
+      if signal.getsignal(sig) is not signal.SIG_IGN:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc_info):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.count += 1
+    if self.received is None:
+      self.received = signal.Signals(signum)
+
+
+class Job:
+  """A set of local worker processes started with their TF_CONFIGs.
+
+  Each worker leads its own process group (signals reach whatever it
+  starts) and, on Linux, is killed by the kernel if the thread that created
+  the Job dies (see _die_with_parent).
+  """
+
+  def __init__(self, command, num_workers, host="127.0.0.1", env=None,
+               worker_env=None, out=None, hosts=None, err=None):
+    self.command = list(command)
+    self.num_workers = num_workers
+    self.procs = []
+    self.lost = {}  # worker -> (exit code, seconds since start)
+    self.killed = []  # workers that needed SIGKILL after the grace period
+    self._threads = []
+    # Two pipes, each pumped by whole lines: a log line on stderr is never
+    # glued onto a progress bar's unfinished line on stdout. A capturing
+    # `out` without `err` gets both.
+    err = err or (out if out is not None else sys.stderr)
+    out = out or sys.stdout
+    preexec = _die_with_parent()
+    for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
+      penv = dict(os.environ if env is None else env)
+      penv["TF_CONFIG"] = config
+      penv.update((worker_env or {}).get(i, {}))
+      # preexec_fn with the pump threads running is safe here: CPython runs
+      # it in the forked child holding the GIL, and it takes no lock (prctl
+      # is resolved before the fork; getppid and kill are syscalls).
+      p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, start_new_session=True,
+                           preexec_fn=preexec)  # noqa: PLW1509
+      for stream, sink in ((p.stdout, out), (p.stderr, err)):
+        t = threading.Thread(target=_pump, args=(stream, f"[{i}] ", sink),
+                             daemon=True)
+        t.start()
+        self._threads.append(t)
+      self.procs.append(p)
+
+  def wait(self, timeout=None, grace=10.0, poll=0.05, keep_going=False,
+           interrupt=None):
+    """Waits for all workers; returns (exit codes, failed index or None).
+
+    The first worker to exit non-zero ends the job: the others get SIGTERM,
+    then SIGKILL after `grace` seconds. With `keep_going`, a worker other
+    than the chief that is killed by a signal (SIGKILL, an OOM kill, a
+    crash) is *lost* instead: the others drop it at their next round end and
+    go on (see `lost`). A worker that exits with an error code still ends
+    the job, since that is a bug or a bad input every worker may share.
+    Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
+    Signals) has received a signal, every worker gets that signal, then
+    SIGKILL after `grace`, and failed is "signal"; a further signal cuts
+    the grace period short (in any stop).
+    """
+    deadline = None if not timeout else time.monotonic() + timeout
+    failed = None
+    t0 = time.monotonic()
+    while True:
+      if interrupt is not None and interrupt.received:
+        failed = "signal"
+        break
+      codes = [p.poll() for p in self.procs]
+      for i, c in enumerate(codes):
+        if (keep_going and i > 0 and c is not None and c < 0 and
+            i not in self.lost):
+          self.lost[i] = (c, time.monotonic() - t0)
+          print(f"oscars-launch: worker {i} {describe_exit(c)}; the others "
+                "go on without it.", file=sys.stderr)
+      bad = [i for i, c in enumerate(codes)
+             if c not in (None, 0) and i not in self.lost]
+      if bad:
+        failed = bad[0]
+        break
+      if all(c == 0 or i in self.lost for i, c in enumerate(codes)):
+        break
+      if deadline and time.monotonic() > deadline:
+        failed = "timeout"
+        break
+      time.sleep(poll)
+    if failed is not None:
+      seen = interrupt.count if interrupt is not None else 0
+      self.stop(grace, interrupt.received if failed == "signal" else
+                signal.SIGTERM,
+                hurry=lambda: interrupt is not None and interrupt.count > seen)
+    for t in self._threads:
+      t.join(timeout=5)
+    return [p.poll() for p in self.procs], failed
+
+  def stop(self, grace=10.0, sig=signal.SIGTERM, hurry=None):
+    """Sends `sig` to every live worker's process group, then SIGKILL.
+
+    SIGKILL goes to the workers still running after `grace` seconds, or as
+    soon as `hurry()` is true. Returns their indices (also in `killed`).
+    """
+    for p in self.procs:
+      _signal_group(p, sig)
+    end = time.monotonic() + grace
+    while (time.monotonic() < end and not (hurry and hurry()) and
+           any(p.poll() is None for p in self.procs)):
+      time.sleep(0.05)
+    late = [i for i, p in enumerate(self.procs) if p.poll() is None]
+    for p in self.procs:
+      _signal_group(p, signal.SIGKILL)
+      p.wait()
+    self.killed = sorted(set(self.killed) | set(late))
+    return late
+
+
+def _signal_group(proc, sig):
+  # Only while the leader is unreaped: after that its group id may be
+  # reused by an unrelated process group.
+  if proc.poll() is None:
+    try:
+      os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+      pass
+
+
+def describe_exit(code):
+  if code is not None and code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with code {code}"
