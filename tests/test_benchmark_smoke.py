@@ -27,7 +27,7 @@ def test_quick_benchmark_writes_complete_sane_results(tmp_path):
   out, png = tmp_path / "het.json", tmp_path / "het.png"
   proc = subprocess.run(
       [sys.executable, str(BENCHMARK), "--quick", "--num_workers=2",
-       "--epochs=2", "--periods=4", "--base_step_time=5ms",
+       "--epochs=1", "--periods=4", "--base_step_time=5ms",
        "--target_accuracy=0.5", "--time_budget=1", f"--result_json={out}",
        f"--png={png}"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -32,7 +32,7 @@ def _final_lines(out):
 
 
 def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
-  epochs = 16
+  epochs = 12
   args = TRAIN_ARGS + [f"--epochs={epochs}"]
   base = faults.launch(4, args + [f"--result_json={tmp_path / 'base.json'}"],
                        ["--timeout=200"])
@@ -45,7 +45,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
                                  f"--result_json={tmp_path / 'kill.json'}"],
                       ["--timeout=200"])
   try:
-    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 4, 150, "epoch 4", job)
+    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 3, 150, "epoch 3", job)
     victim = faults.workers_of(str(ckpt))[2]
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
