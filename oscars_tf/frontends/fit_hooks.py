@@ -15,6 +15,7 @@ agreement:
   data) stops every worker after the same epoch.
 """
 
+import functools
 
 
 class FitHooks:
@@ -74,6 +75,62 @@ class FitHooks:
     self._extended.epochs.end_training()
     self._extended.finish_logs()
     self.in_fit = False
+
+
+def with_hooks(hooks, callbacks, callback_base, tf_logs=False):
+  """`callbacks` between the strategy's two: the first ends each epoch with
+  the others and averages its logs before any user callback sees them; the
+  last agrees on stopping after all of them. `callback_base` is the
+  flavour's Callback class; `tf_logs` says the two take tensor logs (so
+  tf_keras need not convert every step's logs to numpy)."""
+  first, last = _callback_classes(callback_base, tf_logs)
+  return [first(hooks)] + list(callbacks) + [last(hooks)]
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_classes(base, tf_logs):
+
+  class EpochCallback(base):
+    """First callback: the agreed epoch end and averaged logs."""
+
+    def __init__(self, hooks):
+      super().__init__()
+      self._hooks = hooks
+      if tf_logs:
+        self._supports_tf_logs = True
+
+    def on_train_begin(self, logs=None):
+      self._hooks.train_begin()
+
+    def on_train_batch_end(self, batch, logs=None):
+      self._hooks.train_batch_end()
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self._hooks.epoch_begin(epoch)
+
+    def on_test_begin(self, logs=None):
+      self._hooks.test_begin()
+
+    def on_epoch_end(self, epoch, logs=None):
+      self._hooks.epoch_end(logs)
+
+    def on_train_end(self, logs=None):
+      self._hooks.train_end()
+
+  class StopCallback(base):
+    """Last callback: whether to stop, agreed by all workers."""
+
+    def __init__(self, hooks):
+      super().__init__()
+      self._hooks = hooks
+      if tf_logs:
+        self._supports_tf_logs = True
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.model.stop_training = self._hooks.should_stop(
+          epoch, self.model.stop_training)
+
+  return EpochCallback, StopCallback
 
 
 def _is_number(v):

@@ -37,44 +37,6 @@ def _oscars_extended(model):
 # -- callbacks ----------------------------------------------------------------
 
 
-class _EpochCallback(keras.callbacks.Callback):
-  """First callback: the agreed epoch end and averaged logs (fit_hooks)."""
-
-  def __init__(self, hooks):
-    super().__init__()
-    self._hooks = hooks
-
-  def on_train_begin(self, logs=None):
-    self._hooks.train_begin()
-
-  def on_train_batch_end(self, batch, logs=None):
-    self._hooks.train_batch_end()
-
-  def on_epoch_begin(self, epoch, logs=None):
-    self._hooks.epoch_begin(epoch)
-
-  def on_test_begin(self, logs=None):
-    self._hooks.test_begin()
-
-  def on_epoch_end(self, epoch, logs=None):
-    self._hooks.epoch_end(logs)
-
-  def on_train_end(self, logs=None):
-    self._hooks.train_end()
-
-
-class _StopCallback(keras.callbacks.Callback):
-  """Last callback: whether to stop, agreed by all workers (fit_hooks)."""
-
-  def __init__(self, hooks):
-    super().__init__()
-    self._hooks = hooks
-
-  def on_epoch_end(self, epoch, logs=None):
-    self.model.stop_training = self._hooks.should_stop(
-        epoch, self.model.stop_training)
-
-
 class _PlannedProgbar(keras.callbacks.ProgbarLogger):
   """Keras learns an endless input's epoch length from the first epoch and
   then counts past it ("22/21"): a planned epoch's length is this worker's
@@ -142,8 +104,8 @@ def _wrap_fit(original):
     call.pop("self")
     call, planned = _prepare_fit(self, extended, call)
     hooks = fit_hooks.FitHooks(extended, call["epochs"])
-    call["callbacks"] = ([_EpochCallback(hooks)] + list(call["callbacks"]) +
-                         [_StopCallback(hooks)])
+    call["callbacks"] = fit_hooks.with_hooks(hooks, call["callbacks"],
+                                             keras.callbacks.Callback)
     peer_errors = extended.peer_errors_explained("an averaging point",
                                                  collectives_only=True)
     with extended.unsharded(), peer_errors, \

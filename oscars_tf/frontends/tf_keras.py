@@ -114,48 +114,6 @@ def _oscars_extended(model):
 # -- callbacks ----------------------------------------------------------------
 
 
-class _EpochCallback(tf_keras.callbacks.Callback):
-  """First callback: the agreed epoch end and averaged logs (fit_hooks)."""
-
-  def __init__(self, hooks):
-    super().__init__()
-    self._hooks = hooks
-    # tf_keras converts every step's logs to numpy (a sync per step) unless
-    # all callbacks with batch hooks take tensors; this one ignores them.
-    self._supports_tf_logs = True
-
-  def on_train_begin(self, logs=None):
-    self._hooks.train_begin()
-
-  def on_train_batch_end(self, batch, logs=None):
-    self._hooks.train_batch_end()
-
-  def on_epoch_begin(self, epoch, logs=None):
-    self._hooks.epoch_begin(epoch)
-
-  def on_test_begin(self, logs=None):
-    self._hooks.test_begin()
-
-  def on_epoch_end(self, epoch, logs=None):
-    self._hooks.epoch_end(logs)
-
-  def on_train_end(self, logs=None):
-    self._hooks.train_end()
-
-
-class _StopCallback(tf_keras.callbacks.Callback):
-  """Last callback: whether to stop, agreed by all workers (fit_hooks)."""
-
-  def __init__(self, hooks):
-    super().__init__()
-    self._hooks = hooks
-    self._supports_tf_logs = True
-
-  def on_epoch_end(self, epoch, logs=None):
-    self.model.stop_training = self._hooks.should_stop(
-        epoch, self.model.stop_training)
-
-
 class _PlannedProgbar(tf_keras.callbacks.ProgbarLogger):
   """tf_keras learns an endless input's epoch length at the end of the first
   epoch, from the model's train counter, which counts all of `fit`: a
@@ -268,8 +226,10 @@ def _wrap_fit(original):
     call, _ = _prepare_fit(self, extended, call)
     hooks = fit_hooks.FitHooks(extended, call["epochs"])
     user_callbacks = list(call["callbacks"])
-    call["callbacks"] = [_EpochCallback(hooks)] + user_callbacks + [
-        _StopCallback(hooks)]
+    # tf_keras converts every step's logs to numpy (a sync per step) unless
+    # all callbacks with batch hooks take tensors; these ignore them.
+    call["callbacks"] = fit_hooks.with_hooks(
+        hooks, user_callbacks, tf_keras.callbacks.Callback, tf_logs=True)
     peer_errors = extended.peer_errors_explained("an averaging point",
                                                  collectives_only=True)
     try:
