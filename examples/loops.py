@@ -164,7 +164,8 @@ def evaluate(model, x, y, batch_size=512):
 
 def gather_per_worker(strategy, values):
   """Every worker's `values`, concatenated in worker order (a collective:
-  all workers call it at the same point; a dropped worker's are zeros)."""
+  all workers call it at the same point; a dropped or stalled worker's are
+  zeros)."""
   worker, count = worker_of(strategy)
   k = len(values)
   mine = np.zeros(count * k)
@@ -172,9 +173,9 @@ def gather_per_worker(strategy, values):
   if count == 1:
     return mine.tolist()
   if _is_oscars(strategy):
-    members = len(strategy.members)
-    return [v * members for v in strategy.extended.average_numbers(
-        mine.tolist())]
+    for j, numbers in strategy.extended.gather_numbers(values).items():
+      mine[j * k:(j + 1) * k] = numbers
+    return mine.tolist()
   replicas = local_replicas(strategy)
 
   @tf.function

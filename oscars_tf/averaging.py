@@ -22,8 +22,8 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 # MirroredStrategy allocates for the worker's local devices (from 1 up).
 GROUP_KEY_BASE = 1 << 20
 # Instance keys per role; each role gets a disjoint range of packs.
-INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "logs": 3 << 20,
-                     "table": 4 << 20, "across": 5 << 20, "back": 6 << 20}
+INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "across": 5 << 20,
+                     "back": 6 << 20}
 _MAX_PACKS = 1 << 10
 
 
@@ -111,15 +111,12 @@ class GroupAverager:
           communication_hint=self.communication, timeout=self.timeout)
 
   def weighted_sum(self, tensors, weight, role="model", group_size=None,
-                   group_key=None, instance_offset=0):
+                   group_key=None):
     """Returns `sum over members of weight * tensors` (same structure).
 
     `group_size` and `group_key` may be tensors, overriding the averager's
     own, so one op serves whichever group a plan puts this member in.
-    `instance_offset` (a multiple of 1024 below 2**20) separates calls of
-    one role whose shapes differ: TF binds an instance key to one shape.
     """
-    assert instance_offset % _MAX_PACKS == 0 and instance_offset < 1 << 20
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
     previous = []
@@ -133,8 +130,7 @@ class GroupAverager:
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
       with tf.control_dependencies(previous):
-        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] +
-                               instance_offset + pack_index,
+        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] + pack_index,
                                group_size=group_size, group_key=group_key)
       previous = [reduced]
       sizes = [int(np.prod(tensors[i].shape)) for i in indices]

@@ -25,6 +25,7 @@ from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
+from oscars_tf import agreement
 from oscars_tf import averaging
 from oscars_tf import epochs as epochs_lib
 from oscars_tf import inputs
@@ -78,14 +79,18 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         group_key=averaging.group_key_for(range(info.num_workers)),
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
+    store = kv_store.ContextStore() if info.is_multi_worker else None
     self._rounds = rounds_lib.Rounds(
         info, schedule, self._host, averaging_device, self._communication,
         collective_timeout, learning_rate_fn=self._learning_rate,
         simulate=simulate, per_group_nccl=per_group_nccl,
         membership=membership_lib.Membership(
-            kv_store.ContextStore(), info.worker_index,
+            store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout)
         if info.is_multi_worker else None)
+    self._agreements = agreement.Agreements(
+        store, info.worker_index, straggler_timeout,
+        collective_timeout) if info.is_multi_worker else None
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user
@@ -395,20 +400,20 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       observability.write_timeline(self._logdir, self._rounds.history,
                                    self._cluster.worker_index)
 
+  def gather_numbers(self, numbers):
+    """{worker: numbers} of the members, agreed through the chief (eager;
+    every member calls it at the same point). A member stalled past the
+    straggler timeout is left out (see agreement.py)."""
+    if self._agreements is None:
+      return {self._cluster.worker_index: [float(x) for x in numbers]}
+    return self._agreements.gather(self._rounds.round, self._rounds.members,
+                                   numbers)
+
   def average_numbers(self, numbers):
-    """Mean of a list of floats over all workers (eager, a planned point)."""
-    if not self._cluster.is_multi_worker or not numbers:
-      return list(numbers)
-    vec = tf.constant(numbers, tf.float64)
-    members = self._rounds.members  # workers dropped earlier are not there
-    out = self._collective_or_timeout(
-        lambda: self._averager.weighted_sum(
-            [vec], 1.0 / len(members), role="logs",
-            group_size=len(members),
-            group_key=averaging.group_key_for(members),
-            instance_offset=(len(numbers) % 1000) * 1024)[0],
-        "an epoch end")
-    return [float(x) for x in out.numpy()]
+    """Mean of a list of floats over the members (see gather_numbers)."""
+    if not numbers:
+      return []
+    return agreement.mean(self.gather_numbers(numbers), len(numbers))
 
   def stats(self):
     r = self._rounds

@@ -7,6 +7,8 @@ imports TensorFlow only when a `ContextStore` is made.
 
 import math
 
+from oscars_tf.errors import WorkerLostError
+
 
 class KeyMissing(Exception):
   """`get` found no value for the key within its timeout."""
@@ -26,9 +28,13 @@ class ContextStore:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     self._ctx = context.context()
     self._missing = (tf.errors.DeadlineExceededError, tf.errors.NotFoundError)
+    self._gone = tf.errors.UnavailableError
 
   def set(self, key, value):
-    self._ctx.set_config_key_value(key, value)
+    try:
+      self._ctx.set_config_key_value(key, value)
+    except self._gone as e:
+      raise _service_gone(e) from None
 
   def get(self, key, timeout_s):
     """The value of `key`; KeyMissing when none within `timeout_s`."""
@@ -37,9 +43,19 @@ class ContextStore:
           key, max(1, int(math.ceil(timeout_s * 1000))))
     except self._missing:
       raise KeyMissing(key) from None
+    except self._gone as e:
+      raise _service_gone(e) from None
 
   def delete(self, key):
     try:
       self._ctx.delete_config_key_value(key)
     except Exception:  # pylint: disable=broad-except
       pass  # absent already
+
+
+def _service_gone(error):
+  return WorkerLostError(
+      "the coordination service (hosted by the chief, worker 0) cannot be "
+      "reached: the chief has ended or died. If training ended while this "
+      "worker was stalled or dropped, the chief's model and checkpoint are "
+      f"the job's result. ({error.message.splitlines()[0]})")

@@ -10,40 +10,10 @@ import time
 
 import pytest
 
-from oscars_tf import kv_store
+from fake_store import FakeStore, run_threads as _run
+
 from oscars_tf import membership
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
-
-
-class FakeStore:
-  """A key-value store that, like the coordination service, blocks `get`
-  until the key exists or the timeout passes, and refuses to overwrite."""
-
-  def __init__(self):
-    self.data = {}
-    self._cv = threading.Condition()
-
-  def set(self, key, value):
-    with self._cv:
-      if key in self.data:
-        raise KeyError(f"{key} exists")
-      self.data[key] = value
-      self._cv.notify_all()
-
-  def get(self, key, timeout_s):
-    with self._cv:
-      if not self._cv.wait_for(lambda: key in self.data, timeout_s):
-        raise kv_store.KeyMissing(key)
-      return self.data[key]
-
-  def delete(self, key):
-    with self._cv:
-      self.data.pop(key, None)
-
-  def wait_for_key(self, key, timeout_s=10):
-    """Blocks until `key` is set (what another thread has done by then)."""
-    with self._cv:
-      assert self._cv.wait_for(lambda: key in self.data, timeout_s), key
 
 
 def _row(worker, rate=10.0):
@@ -54,25 +24,6 @@ def _workers(store, n, straggler=0.5, decision=5.0, first_round=None):
   return [membership.Membership(store, i, n, straggler, decision,
                                 first_round_timeout=first_round or straggler)
           for i in range(n)]
-
-
-def _run(fns, timeout=20):
-  """Runs each fn in a thread; returns their results (or raises theirs)."""
-  out, errors = [None] * len(fns), [None] * len(fns)
-
-  def call(i):
-    try:
-      out[i] = fns[i]()
-    except BaseException as e:  # pylint: disable=broad-except
-      errors[i] = e
-  threads = [threading.Thread(target=call, args=(i,), daemon=True)
-             for i in range(len(fns))]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(timeout)
-    assert not t.is_alive(), "a worker thread hung"
-  return out, errors
 
 
 def test_every_member_gets_the_same_decision_with_every_row():

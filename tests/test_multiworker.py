@@ -196,6 +196,35 @@ def test_a_worker_that_fails_is_dropped_and_the_others_finish():
   assert "dropped [1]" in result.log
 
 
+def test_a_worker_stalled_at_an_epoch_end_does_not_hold_the_others():
+  # Worker 2's callbacks take 12 s at the end of epoch 1, between the logs
+  # and the stop vote (which go through the chief, not a collective): the
+  # others go on after the straggler timeout, drop it at the next round
+  # end, and it rejoins with the model.
+  stall_s, straggler_s, epochs = 12.0, 2.5, 12
+  result = multiworker.run("fit", 3, {
+      "stall_at_epoch_end": [2, 1, stall_s], "epochs": epochs, "every": 4,
+      "simulate": "100ms", "straggler_timeout": straggler_s, "timeout": 60})
+  chief = result.outputs[0]
+  assert chief["epochs_run"] == epochs
+  # Worker 2 missed the epochs it was out for and stopped with the others.
+  assert 0 < result.outputs[2]["epochs_run"] < epochs
+  # The epoch after the stall took the chief one epoch, one wait for the
+  # agreement and one for the drop (each the straggler timeout), not the
+  # stall.
+  gaps = np.diff([t for t, _ in chief["epoch_ends"]])
+  waits = [(r["round"], r["wait_s"]) for r in chief["rounds"]
+           if r["wait_s"] > 0.5]
+  assert gaps[1] - np.median(gaps) < 2 * straggler_s + 1.0, (gaps, waits)
+  dropped = [r["round"] for r in chief["rounds"] if 2 in r["dropped"]]
+  back = [r["round"] for r in chief["rounds"] if 2 in r["rejoined"]]
+  assert dropped and back and dropped[-1] < back[-1], (dropped, back)
+  # The last round averages all three: they end with the same model.
+  for out in result.outputs[1:]:
+    np.testing.assert_allclose(out["weights"], chief["weights"], rtol=1e-6,
+                               atol=1e-6)
+
+
 def test_busy_port_fails_fast_with_a_clear_message():
   with socket.socket() as holder:
     holder.bind(("0.0.0.0", 0))

@@ -33,6 +33,7 @@ def _setup(params):
                     1 if params.get("odd_schedule_worker") ==
                     _task_index() else 0))),
       devices=devices, collective_timeout=params.get("timeout", 60),
+      straggler_timeout=params.get("straggler_timeout"),
       optimizer_state=params.get("optimizer_state", "local"),
       simulate_step_time=params.get("simulate", ""))
   import keras  # pylint: disable=g-import-not-at-top
@@ -123,6 +124,8 @@ def fit(params):
     def on_epoch_end(self, epoch, logs=None):
       epoch_ends.append([time.perf_counter() - fit_start[0],
                          float((logs or {}).get("val_accuracy", "nan"))])
+      if params.get("stall_at_epoch_end", [None])[:2] == [me, epoch]:
+        time.sleep(params["stall_at_epoch_end"][2])  # a slow user callback
 
     def on_train_batch_begin(self, batch, logs=None):
       self._t = time.perf_counter()

@@ -2,9 +2,10 @@
 
 Each flavour's callbacks call these at the matching points; nothing here
 imports Keras. The rule that keeps workers from waiting on each other:
-every collective outside the training step is entered by every member at
+every exchange outside the training step is entered by every member at
 the same point of `fit`, because each point is reached only through an
-agreement:
+agreement, and none waits for a stalled member longer than the straggler
+timeout (the logs and the stop vote go through the chief, agreement.py):
 
 * the end of an epoch's training is agreed through the round protocol
   (`extended.epochs.finish`), whatever the input and however many steps

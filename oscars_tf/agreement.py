@@ -1,0 +1,95 @@
+"""Numbers the members agree on between rounds: epoch logs, stop votes.
+
+A collective here would wait for a stalled member up to the collective
+timeout, and a member that never comes back would abort every process's
+collectives. So these go through the store, decided by the chief the way a
+round's membership is (membership.py): each member writes its numbers; the
+chief reads the members' numbers for up to `straggler_timeout` after its
+own and writes the result — every contribution that came in time — and
+every member reads that one result, so all take the same decision (stop or
+go on) from the same numbers. A member too late is left out of this result
+only; it is late at its next round end too, where the round protocol drops
+it, and it rejoins from there.
+
+No TensorFlow here: the store is anything with `set`, `get` and `delete`.
+"""
+
+import collections
+import json
+import time
+
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.kv_store import KeyMissing
+
+PREFIX = "oscars_tf/agree/"
+KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
+                     # stall reads its own); older ones are deleted
+
+
+class Agreements:
+  """One worker's side of the agreements (the chief decides)."""
+
+  def __init__(self, store, me, straggler_timeout, decision_timeout):
+    self.store = store
+    self.me = me
+    self.straggler_timeout = float(straggler_timeout)
+    self.decision_timeout = float(decision_timeout)
+    self._last = None  # (round, number of agreements at that round)
+    self._published = collections.deque()  # the chief's result keys
+
+  def gather(self, round_, members, numbers):
+    """{worker: numbers} of the members whose numbers reached the chief in
+    time (always the chief's). Every member calls it at the same point, at
+    the same `round_`; the result is the same on all of them."""
+    base = f"{PREFIX}{round_}/{self._next_index(round_)}"
+    mine = f"{base}/{self.me}"
+    self.store.set(mine, json.dumps([float(x) for x in numbers]))
+    if self.me == 0:
+      result = self._decide(base, members, numbers)
+    else:
+      result = self._await(base, round_)
+      if self.me not in result:  # too late: nobody will read it
+        self.store.delete(mine)
+    return result
+
+  def _next_index(self, round_):
+    index = self._last[1] + 1 if self._last and self._last[0] == round_ else 0
+    self._last = (round_, index)
+    return index
+
+  def _decide(self, base, members, numbers):
+    result = {0: [float(x) for x in numbers]}
+    deadline = time.monotonic() + self.straggler_timeout
+    for j in members:
+      if j == 0:
+        continue
+      try:
+        text = self.store.get(f"{base}/{j}",
+                              max(0.0, deadline - time.monotonic()))
+      except KeyMissing:
+        continue  # late: left out of this result
+      result[j] = json.loads(text)
+      self.store.delete(f"{base}/{j}")
+    self.store.delete(f"{base}/0")
+    self.store.set(base, json.dumps({str(j): v for j, v in result.items()}))
+    self._published.append(base)
+    if len(self._published) > KEEP_RESULTS:
+      self.store.delete(self._published.popleft())
+    return result
+
+  def _await(self, base, round_):
+    try:
+      text = self.store.get(base, self.decision_timeout)
+    except KeyMissing:
+      raise PeerTimeoutError(
+          f"worker {self.me}: the chief (worker 0) wrote no result for the "
+          f"agreement at round {round_} within {self.decision_timeout:.0f} s;"
+          " it may have died or stalled. Restart the job from the last "
+          "checkpoint (oscars-launch --restarts does this).") from None
+    return {int(j): v for j, v in json.loads(text).items()}
+
+
+def mean(result, count):
+  """Element-wise mean of the `count` numbers of each member in `result`."""
+  rows = list(result.values())
+  return [sum(r[i] for r in rows) / len(rows) for i in range(count)]

@@ -1,0 +1,87 @@
+"""Numbers agreed between rounds (agreement.py) on an in-memory store.
+
+Workers are threads; the real store and real stalls are exercised by
+test_faults.py (a worker stopped at an epoch end).
+"""
+
+import threading
+
+import pytest
+
+from fake_store import FakeStore, run_threads
+from oscars_tf import agreement
+from oscars_tf.errors import PeerTimeoutError
+
+
+def _workers(store, n, straggler=0.5, decision=5.0):
+  return [agreement.Agreements(store, i, straggler, decision)
+          for i in range(n)]
+
+
+def test_every_member_reads_every_members_numbers():
+  store = FakeStore()
+  ws = _workers(store, 3)
+  out, errors = run_threads([lambda w=w: w.gather(7, (0, 1, 2), [w.me, 1.0])
+                             for w in ws])
+  assert errors == [None] * 3
+  assert out[0] == out[1] == out[2] == {0: [0, 1], 1: [1, 1], 2: [2, 1]}
+  assert agreement.mean(out[0], 2) == [1.0, 1.0]
+
+
+def test_a_stalled_member_is_left_out_and_the_others_agree_in_time():
+  store = FakeStore()
+  ws = _workers(store, 3, straggler=0.3)
+  release = threading.Event()
+
+  def stalled():
+    assert release.wait(10)  # stopped until the others are done
+    return ws[2].gather(0, (0, 1, 2), [9.0])
+
+  out, errors = run_threads([lambda: ws[0].gather(0, (0, 1, 2), [1.0]),
+                             lambda: ws[1].gather(0, (0, 1, 2), [3.0])])
+  assert errors == [None, None]
+  assert out[0] == out[1] == {0: [1.0], 1: [3.0]}
+  release.set()
+  late, errors = run_threads([stalled])
+  assert errors == [None]
+  assert late[0] == out[0]  # back, it reads the decision the others took
+  # Nothing is left behind: the result alone stays, for late readers.
+  assert sorted(store.data) == [f"{agreement.PREFIX}0/0"]
+
+
+def test_agreements_at_one_round_are_told_apart_in_call_order():
+  store = FakeStore()
+  ws = _workers(store, 2)
+
+  def twice(w):
+    first = w.gather(3, (0, 1), [w.me])
+    return first, w.gather(3, (0, 1), [10 + w.me])
+
+  out, errors = run_threads([lambda w=w: twice(w) for w in ws])
+  assert errors == [None, None]
+  assert out[0] == out[1] == ({0: [0], 1: [1]}, {0: [10], 1: [11]})
+
+
+def test_only_members_are_waited_for():
+  store = FakeStore()
+  ws = _workers(store, 3, straggler=30.0)  # a wait for 2 would hang here
+  out, errors = run_threads([lambda w=w: w.gather(1, (0, 1), [w.me])
+                             for w in ws[:2]], timeout=10)
+  assert errors == [None, None]
+  assert out[0] == {0: [0], 1: [1]}
+
+
+def test_a_silent_chief_is_a_clear_error():
+  store = FakeStore()
+  ws = _workers(store, 2, decision=0.2)
+  with pytest.raises(PeerTimeoutError, match="chief .* no result"):
+    ws[1].gather(0, (0, 1), [1.0])
+
+
+def test_results_kept_in_the_store_are_bounded(monkeypatch):
+  monkeypatch.setattr(agreement, "KEEP_RESULTS", 5)
+  store = FakeStore()
+  chief = agreement.Agreements(store, 0, 0.01, 1.0)
+  for r in range(50):
+    chief.gather(r, (0,), [float(r)])
+  assert len(store.data) == 5
