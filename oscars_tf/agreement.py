@@ -20,6 +20,7 @@ import time
 
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.kv_store import KeyMissing
+from oscars_tf.membership import PROBE_EVERY_S
 
 PREFIX = "oscars_tf/agree/"
 KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
@@ -29,8 +30,12 @@ KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
 class Agreements:
   """One worker's side of the agreements (the chief decides)."""
 
-  def __init__(self, store, me, straggler_timeout, decision_timeout):
+  def __init__(self, store, me, straggler_timeout, decision_timeout,
+               is_gone=None):
+    """`is_gone(j)`: worker j's process is known to be gone (not waited
+    for; see membership.Membership)."""
     self.store = store
+    self.is_gone = is_gone or (lambda j: False)
     self.me = me
     self.straggler_timeout = float(straggler_timeout)
     self.decision_timeout = float(decision_timeout)
@@ -63,11 +68,9 @@ class Agreements:
     for j in members:
       if j == 0:
         continue
-      try:
-        text = self.store.get(f"{base}/{j}",
-                              max(0.0, deadline - time.monotonic()))
-      except KeyMissing:
-        continue  # late: left out of this result
+      text = self._numbers_of(f"{base}/{j}", j, deadline)
+      if text is None:
+        continue  # late or gone: left out of this result
       result[j] = json.loads(text)
       self.store.delete(f"{base}/{j}")
     self.store.delete(f"{base}/0")
@@ -76,6 +79,15 @@ class Agreements:
     if len(self._published) > KEEP_RESULTS:
       self.store.delete(self._published.popleft())
     return result
+
+  def _numbers_of(self, key, j, deadline):
+    while True:
+      left = max(0.0, deadline - time.monotonic())
+      try:
+        return self.store.get(key, min(PROBE_EVERY_S, left))
+      except KeyMissing:
+        if left <= 0 or self.is_gone(j):
+          return None
 
   def _await(self, base, round_):
     try:

@@ -8,7 +8,6 @@ members hold bit-identical values.
 """
 
 import contextlib
-import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -18,9 +17,6 @@ from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
-# Group keys of the strategy's own collectives start here, far above the keys
-# MirroredStrategy allocates for the worker's local devices (from 1 up).
-GROUP_KEY_BASE = 1 << 20
 # Instance keys per role; each role gets a disjoint range of packs.
 INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "across": 5 << 20,
                      "back": 6 << 20}
@@ -61,12 +57,6 @@ PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
                tf.errors.CancelledError, tf.errors.AbortedError)
 
 
-def group_key_for(members):
-  """A group key per distinct membership (a sorted tuple of worker ids)."""
-  members = tuple(sorted(members))
-  return GROUP_KEY_BASE + zlib.crc32(repr(members).encode()) % (1 << 19)
-
-
 def _packs(tensors):
   """Indices of float tensors grouped by dtype, in a fixed order."""
   by_dtype = {}
@@ -84,7 +74,7 @@ class GroupAverager:
 
   Args:
     group_size: number of members.
-    group_key: collective group key (see `group_key_for`).
+    group_key: collective group key (see group_keys.py).
     device: device the collective runs on (this member's averaging device).
     communication: "RING" or "NCCL" (see `choose_communication`).
     timeout: seconds a member waits for the others before the collective

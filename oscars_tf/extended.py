@@ -28,6 +28,7 @@ from tensorflow.python.ops import control_flow_util_v2
 from oscars_tf import agreement
 from oscars_tf import averaging
 from oscars_tf import epochs as epochs_lib
+from oscars_tf import group_keys
 from oscars_tf import inputs
 from oscars_tf import kv_store
 from oscars_tf import membership as membership_lib
@@ -76,21 +77,23 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                         per_group_nccl else self._host)
     self._averager = averaging.GroupAverager(
         group_size=info.num_workers,
-        group_key=averaging.group_key_for(range(info.num_workers)),
+        group_key=group_keys.GROUP_KEY_BASE,  # the whole cluster
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
     store = kv_store.ContextStore() if info.is_multi_worker else None
+    addresses = [a for _, _, a in info.workers]
+    is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
     self._rounds = rounds_lib.Rounds(
         info, schedule, self._host, averaging_device, self._communication,
         collective_timeout, learning_rate_fn=self._learning_rate,
         simulate=simulate, per_group_nccl=per_group_nccl,
         membership=membership_lib.Membership(
             store, info.worker_index,
-            info.num_workers, straggler_timeout, collective_timeout)
-        if info.is_multi_worker else None)
+            info.num_workers, straggler_timeout, collective_timeout,
+            is_gone=is_gone) if info.is_multi_worker else None)
     self._agreements = agreement.Agreements(
-        store, info.worker_index, straggler_timeout,
-        collective_timeout) if info.is_multi_worker else None
+        store, info.worker_index, straggler_timeout, collective_timeout,
+        is_gone=is_gone) if info.is_multi_worker else None
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user

@@ -2,8 +2,9 @@
 
 At every round end each worker writes its table row to the store. The chief
 waits for the members' rows, up to `straggler_timeout` seconds after its own
-arrival; a member that is not there by then (dead, stopped, cut off) is
-dropped from the round. The chief writes one *decision* per round — the
+arrival; a member that is not there by then (stopped, cut off, dead) is
+dropped from the round, and one whose process is gone (its server refuses
+connections) is dropped as soon as the chief sees that. The chief writes one *decision* per round — the
 members, the newcomers and every row — and every member reads it, so all
 members plan from the same snapshot and enter the same collectives, and no
 collective ever waits for a worker that is not there.
@@ -20,6 +21,7 @@ dict).
 import dataclasses
 import json
 import math
+import socket
 import time
 from typing import Optional, Tuple
 
@@ -28,6 +30,7 @@ from oscars_tf.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
+PROBE_EVERY_S = 0.5  # the chief checks a late member's process this often
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 
 
@@ -61,7 +64,10 @@ class Membership:
   """One worker's side of the round-end exchange (the chief decides)."""
 
   def __init__(self, store, me, num_workers, straggler_timeout,
-               decision_timeout, first_round_timeout=None):
+               decision_timeout, first_round_timeout=None, is_gone=None):
+    """`is_gone(j)`: whether worker j's process is known to be gone (its
+    server refuses connections); such a member is dropped at once instead
+    of after the straggler timeout, which is for the live but slow."""
     if not straggler_timeout > 0 or not decision_timeout > 0:
       raise ValueError("membership timeouts must be > 0 s.")
     self.store = store
@@ -71,6 +77,7 @@ class Membership:
     self.decision_timeout = float(decision_timeout)
     # Round 0 holds tracing and start-up, which take long and unevenly.
     self.first_round_timeout = float(first_round_timeout or decision_timeout)
+    self.is_gone = is_gone or (lambda j: False)
     self.members = tuple(range(num_workers))
     self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
     self._epoch_done = 0
@@ -78,7 +85,7 @@ class Membership:
   # -- every worker --------------------------------------------------------
 
   def exchange(self, round_, row, epoch_done=0, chief_plan=None,
-               expected_s=0.0):
+               expected_s=0.0, rate_before=math.nan):
     """Arrives at the end of `round_` with `row`; returns the Decision.
 
     On the chief this also decides: `epoch_done` and `chief_plan` (a dict)
@@ -86,7 +93,9 @@ class Membership:
     long the others should still take (a chief that arrives early, its data
     run out, waits that long before the straggler timeout starts). A worker
     dropped from `round_` waits to rejoin and returns the decision of the
-    round it rejoins in, whose number is then larger than `round_`.
+    round it rejoins in, whose number is then larger than `round_`; it asks
+    with `rate_before` as its rate (measured before the round it was late
+    for: a stall is not its speed, and NaN would plan it at the median).
     """
     self.store.set(f"{PREFIX}a/{round_}/{self.me}", _dump(row))
     if self.me == 0:
@@ -95,7 +104,8 @@ class Membership:
     else:
       decision = self._await(round_, self._timeout(round_))
     if self.me not in decision.members:
-      decision = self._rejoin(round_, row)
+      self.store.delete(f"{PREFIX}a/{round_}/{self.me}")  # never read
+      decision = self._rejoin(round_, [rate_before, *row[1:]])
     self.members = decision.members
     return decision
 
@@ -128,8 +138,7 @@ class Membership:
   def _rejoin(self, round_, row):
     t0 = time.monotonic()
     latest = _int_or(self._try_get(f"{PREFIX}latest"), round_)
-    # Its rate spans the stall, which says nothing of its speed: unknown.
-    _put(self.store, f"{PREFIX}j/{self.me}", _dump([math.nan, *row[1:]]))
+    _put(self.store, f"{PREFIX}j/{self.me}", _dump(row))
     r = max(round_, latest) + 1
     deadline = t0 + self.decision_timeout
     while True:
@@ -153,6 +162,16 @@ class Membership:
         return decision
       r += 1
 
+  def _row_of(self, key, j, deadline):
+    """Worker j's row, or None if it is not there by `deadline` or its
+    process is gone (checked every PROBE_EVERY_S while waiting)."""
+    while True:
+      try:
+        return self.store.get(key, min(PROBE_EVERY_S, _left(deadline)))
+      except KeyMissing:
+        if _left(deadline) <= 0 or self.is_gone(j):
+          return None
+
   def _try_get(self, key):
     try:
       return self.store.get(key, 0.001)
@@ -172,13 +191,13 @@ class Membership:
     for j in self.members:
       if j == 0:
         continue
-      try:
-        rows[j] = _load(self.store.get(f"{PREFIX}a/{round_}/{j}",
-                                       _left(deadline)))
-        arrived.append(j)
-      except KeyMissing:
+      text = self._row_of(f"{PREFIX}a/{round_}/{j}", j, deadline)
+      if text is None:
         dropped.append(j)
         self.events.append((round_, "dropped", j, time.monotonic() - t0))
+      else:
+        rows[j] = _load(text)
+        arrived.append(j)
     newcomers = []
     for j in range(1, self.n):
       if j in self.members:
@@ -188,7 +207,7 @@ class Membership:
         self.store.delete(f"{PREFIX}j/{j}")
         rows[j] = _load(text)
         newcomers.append(j)
-    for j in arrived[1:]:  # read: no longer needed
+    for j in arrived:  # read (or the chief's own): no longer needed
       self.store.delete(f"{PREFIX}a/{round_}/{j}")
     decision = Decision(round_, tuple(sorted(arrived + newcomers)),
                         tuple(newcomers), tuple(dropped), tuple(rows),
@@ -197,6 +216,21 @@ class Membership:
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
+
+
+def connection_refused(address, timeout_s=0.5):
+  """Whether nothing listens at `address` ("host:port") any more: the
+  process behind it is gone. A stopped process still accepts connections
+  (the kernel does), and an unreachable host is not "refused": both are
+  left to the straggler timeout."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout_s):
+      return False
+  except ConnectionRefusedError:
+    return True
+  except (OSError, ValueError):
+    return False
 
 
 def _left(deadline):

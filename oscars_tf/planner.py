@@ -74,6 +74,8 @@ class PlannerState:
   global_every: int          # rounds between global syncs
   rounds_since_global: int = 0
   initial_loss: float = math.nan
+  groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
+  previous_global: bool = False  # the round before the last was global
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,36 @@ def make_groups(rates: Sequence[float], hosts: Sequence[str], grouping: str,
   return tuple(sorted(groups))
 
 
+REGROUP_SPREAD = 1.25  # groups whose rates are this close are kept as is
+REGROUP_GAIN = 1.25    # else kept unless a regroup narrows them this much
+
+
+def _spread(groups, rates):
+  """The widest ratio of fastest to slowest rate inside one group."""
+  return max(max(rates[i] for i in g) / min(rates[i] for i in g)
+             for g in groups)
+
+
+def stable_groups(previous, fresh, rates):
+  """`previous` groups unless the table really changed, else `fresh`.
+
+  Regrouping on every wobble of the rates makes a new group almost every
+  round (each a new group resolution, and on GPUs a new NCCL communicator).
+  The previous groups stay while their rates are close, or while a regroup
+  would not narrow them by REGROUP_GAIN: a worker that became 4x slower
+  moves, 5 % noise moves no one.
+  """
+  previous = tuple(tuple(g) for g in previous)
+  n = len(rates)
+  if (not previous or sorted(i for g in previous for i in g) != list(range(n))
+      or any(r <= 0 or not math.isfinite(r) for r in rates)):
+    return fresh
+  kept = _spread(previous, rates)
+  if kept <= REGROUP_SPREAD or kept <= REGROUP_GAIN * _spread(fresh, rates):
+    return previous
+  return fresh
+
+
 def plan(table: StepRateTable, config, round_: int,
          state: Optional[PlannerState] = None) -> Plan:
   """The plan for round `round_` (see module docstring).
@@ -209,18 +241,27 @@ def plan(table: StepRateTable, config, round_: int,
 
   since = state.rounds_since_global + 1
   global_sync = since >= state.global_every or config.grouping == "global"
-  groups = ((tuple(range(n)),) if global_sync else
-            make_groups(rates, table.hosts, config.grouping,
-                        config.max_group_size))
+  kept = state.groups
+  if global_sync:
+    groups = (tuple(range(n)),)
+  else:
+    groups = kept = stable_groups(
+        kept, make_groups(rates, table.hosts, config.grouping,
+                          config.max_group_size), rates)
   if len(groups) == 1:
     global_sync = True
   weights, scales = weights_and_scales(groups, local_steps, config.weighting)
   global_every = state.global_every
-  if global_sync and config.adaptive_global:
+  # The table's divergences were measured two rounds back (a row carries
+  # the divergence of the round before it). Only one measured at a global
+  # sync says how far the groups drifted apart.
+  if state.previous_global and config.adaptive_global:
     global_every = _adapt_global_every(global_every, table, config)
   new_state = dataclasses.replace(
       state, period=period, global_every=global_every,
-      rounds_since_global=0 if global_sync else since)
+      rounds_since_global=0 if global_sync else since,
+      previous_global=round_ > 0 and state.rounds_since_global == 0,
+      groups=tuple(tuple(g) for g in kept))
   return Plan(round=round_, time_budget=time_budget, local_steps=local_steps,
               groups=groups, weights=weights,
               update_scales=scales, global_sync=global_sync,
@@ -273,6 +314,37 @@ def healthy_weight(plan: Plan, me: int, healthy) -> float:
   if total <= 0:
     return plan.weights[me]
   return plan.weights[me] / total if healthy[me] else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPart:
+  """One worker's part in a global sync done host by host: a weighted sum
+  inside its host, then the host leaders' weighted sum, sent back down."""
+  host: Tuple[int, ...]      # the members on this worker's host
+  weight_in_host: float      # this worker's weight in its host's average
+  leaders: Tuple[int, ...]   # the lowest member of each host
+  host_share: float          # this host's weight among the hosts
+
+
+def host_part(p: Plan, me: int, hosts, members, sound) -> HostPart:
+  """`me`'s part in a hierarchical global sync of `members`.
+
+  Only sound members (finite weights, not rejoining) carry weight, as in
+  `healthy_weight`: a host's share is its sound weight over all the sound
+  weight, so the composed weights are the flat healthy weights and the
+  model keeps its scale when a member is poisoned or rejoining.
+  """
+  members = sorted(members)
+  host = tuple(i for i in members if hosts[i] == hosts[me])
+  leaders = tuple(sorted({min(i for i in members if hosts[i] == hosts[j])
+                          for j in members}))
+  w = [p.weights[i] if sound[i] else 0.0 for i in range(len(p.weights))]
+  total = sum(w[i] for i in members)
+  in_host = sum(w[i] for i in host)
+  if total <= 0:  # nothing sound anywhere: a plain mean keeps the weights
+    return HostPart(host, 1.0 / len(host), leaders, len(host) / len(members))
+  return HostPart(host, w[me] / in_host if in_host > 0 else 0.0, leaders,
+                  in_host / total)
 
 
 def with_members(p: Plan, members, newcomers=(), weighting="work") -> Plan:
@@ -417,7 +489,8 @@ def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
 
 
 def _adapt_global_every(current, table, config):
-  """Fewer global syncs while groups stay close, more when they drift."""
+  """Fewer global syncs while groups stay close, more when they drift
+  (`table`'s divergences measured at a global sync)."""
   divs = [e.divergence for e in table.entries if math.isfinite(e.divergence)]
   if not divs:
     return current

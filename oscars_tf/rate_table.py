@@ -47,8 +47,8 @@ class RateMeter:
       self.rate = self.alpha * sample + (1 - self.alpha) * self.rate
     return self.rate
 
-  def reset(self):
-    self.rate = math.nan
+  def reset(self, rate=math.nan):
+    self.rate = rate
 
 
 def publish(store, worker, entry: planner.TableEntry, plan_digest: str):

@@ -14,6 +14,7 @@ A round ends at an averaging point. There, in this order:
 Steps 1 and 3 are Python (`tf.py_function`), only at averaging points.
 """
 
+import collections
 import dataclasses
 import math
 import time
@@ -23,6 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from oscars_tf import averaging
+from oscars_tf import group_keys as group_keys_lib
 from oscars_tf import membership as membership_lib
 from oscars_tf import rate_table
 from oscars_tf import planner
@@ -33,6 +35,7 @@ FIELD_STEPS = planner.FIELDS.index("steps")
 FIELD_EXHAUSTED = planner.FIELDS.index("exhausted")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
+HISTORY_KEEP = 10_000  # rounds kept in `history` (a long run stays bounded)
 HIER_FIELDS = (("host_key", tf.int32), ("host_size", tf.int32),
                ("weight_in_host", tf.float32), ("is_leader", tf.bool),
                ("leaders_key", tf.int32), ("leaders_size", tf.int32),
@@ -58,7 +61,8 @@ class Rounds:
     empty = planner.StepRateTable(
         tuple(planner.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
-    self.history = []  # one dict per finished round
+    # One dict per finished round, the last HISTORY_KEEP of them.
+    self.history = collections.deque(maxlen=HISTORY_KEEP)
     self.observer = None  # called as observer(entry, table, next_plan)
     self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
                    "bytes_sent": 0, "collectives": 0, "simulated_s": 0.0}
@@ -80,11 +84,13 @@ class Rounds:
     self._t_arrive = self._t_table = 0.0
     self._t_published = -math.inf
     self._skip_steps = 0  # round 0: steps before the clock started
+    self._rate_before = math.nan  # the meter before this round's sample
     self._poisoned = []   # workers with non-finite weights this round
     self._last_sync_step = 0
     self._last_divergence = math.nan
     self._host_device = host_device
-    self._global_key = averaging.group_key_for(range(self.n))
+    self.group_keys = group_keys_lib.GroupKeys(self.n)
+    self._global_key = group_keys_lib.GROUP_KEY_BASE
     # Multi-worker: who is in each round (None: one worker, always alone).
     self.membership = membership
     self.members = tuple(range(self.n))
@@ -125,20 +131,29 @@ class Rounds:
     """This worker's group in `plan`: key, size, one host?, global?"""
     group = plan.group_of(self.me)
     one_host = len({self.hosts[i] for i in group}) == 1
-    return (averaging.group_key_for(group), len(group), one_host,
+    return (self.group_keys.key(group), len(group), one_host,
             plan.global_sync)
 
-  def _hier_part(self, plan):
+  def _hier_part(self, plan, sound):
     """Hierarchical-sync numbers of this worker (meaningful when global)."""
-    live = self.members
-    host = [i for i in live if self.hosts[i] == self.hosts[self.me]]
-    leaders = sorted({min(i for i in live if self.hosts[i] == self.hosts[j])
-                      for j in live})
-    share = sum(plan.weights[i] for i in host)
-    return (averaging.group_key_for(host), len(host),
-            plan.weights[self.me] / share if share else 0.0,
-            self.me == min(host), averaging.group_key_for(leaders),
-            len(leaders), share)
+    part = planner.host_part(plan, self.me, self.hosts, self.members, sound)
+    return (self.group_keys.key(part.host), len(part.host),
+            part.weight_in_host, self.me == part.host[0],
+            self.group_keys.key(part.leaders), len(part.leaders),
+            part.host_share)
+
+  def _register_groups(self, plan):
+    """Keys for every group this round may use, in the same order on every
+    member (see group_keys.py): the plan's, and across hosts each host's
+    members and the hosts' leaders (for a global sync)."""
+    self.group_keys.register(plan.groups)
+    if self._multi_host:
+      members = sorted(self.members)
+      by_host = {}
+      for i in members:
+        by_host.setdefault(self.hosts[i], []).append(i)
+      hosts = sorted(by_host.values())
+      self.group_keys.register(hosts + [[h[0] for h in hosts]])
 
   def _assign_plan(self, step):
     """Eagerly points the plan variables at `self.plan` (epoch starts)."""
@@ -174,6 +189,7 @@ class Rounds:
     now = time.monotonic()
     steps = int(step) - self._last_sync_step
     compute = now - (self._t_round_start or now)
+    self._rate_before = self.meter.rate  # if late, the stall is not its speed
     # Round 0 holds tracing and start-up unless its clock restarted after
     # the first step: it would understate every rate.
     if self.round > 0:
@@ -211,9 +227,12 @@ class Rounds:
           self.round, row, self.epoch_done,
           chief_plan={"epoch_end": self.plan.epoch_end,
                       "epoch": self.epoch_index,
+                      "local_steps": list(self.plan.local_steps),
+                      "group_keys": self.group_keys.groups,
                       "state": (dataclasses.asdict(state)
                                 if dataclasses.is_dataclass(state) else None)},
-          expected_s=self._others_still_due_s())
+          expected_s=self._others_still_due_s(),
+          rate_before=self._rate_before)
       if decision.round != self.round:  # dropped, now let back in
         self._adopt(decision)
     self._t_table = time.monotonic()
@@ -252,8 +271,9 @@ class Rounds:
                     "has non-finite weights: training diverged (try a lower "
                     "learning rate).", self.me, self.round, list(group))
       takes_model = False
+    self._register_groups(self.plan)
     key, size, nccl, whole = self._my_group(self.plan)
-    hier = self._hier_part(self.plan)
+    hier = self._hier_part(self.plan, sound)
     return (rows.reshape(-1), np.float32(weight), np.bool_(takes_model),
             np.int32(key), np.int32(size), np.bool_(nccl), np.bool_(whole),
             *(np.dtype(d.as_numpy_dtype).type(v)
@@ -268,12 +288,17 @@ class Rounds:
         "end) and rejoins at round %d with the group's model.", self.me,
         self.round, decision.round)
     self.round, self.epoch_done = decision.round, decision.epoch_done
-    self.meter.reset()  # the stall is not its speed
+    self.meter.reset(self._rate_before)  # the stall is not its speed
     adopted = decision.chief_plan or {}
+    self.group_keys = group_keys_lib.GroupKeys(
+        self.n, adopted.get("group_keys", [])[1:])
     self.epoch_offset = adopted.get("epoch", self.epoch_index) - (
         self.epoch_index)
+    # The round's plan as the others hold it (its own is from before the
+    # stall): the weights of this round, host shares included, then agree.
     self.plan = dataclasses.replace(
-        self.plan, epoch_end=bool(adopted.get("epoch_end", False)))
+        self.plan, epoch_end=bool(adopted.get("epoch_end", False)),
+        local_steps=tuple(adopted.get("local_steps", self.plan.local_steps)))
     if adopted.get("state") is not None:
       self.plan = dataclasses.replace(
           self.plan, state=type(self.plan.state)(**adopted["state"]))

@@ -209,11 +209,14 @@ class Adaptive(Schedule):
     min_period / max_period: 8 / 256, bounds of the period. The floor keeps
       an averaging point's fixed cost (about 10 ms here) small against the
       round, and leaves slow workers whole steps to take.
-    grouping: "host" (default), "speed" or "global".
+    grouping: "host" (default), "speed" or "global". Groups change only
+      when the table really does (a worker whose speed changed moves; rate
+      noise moves no one), so a run makes few distinct groups.
     max_group_size: None (no bound) or an int >= 2.
     global_every: 4, rounds between global syncs (when groups are smaller
       than the cluster); adapted within [1, max_global_every=64] when
-      `adaptive_global` using divergence_low / divergence_high.
+      `adaptive_global`, from the divergence measured at each global sync
+      (how far groups drifted apart) against divergence_low / _high.
     weighting: "work" (default: by local steps), "equal", or "normalized"
       (FedNova: each member's update divided by its local steps, so fast
       workers don't bias the model).

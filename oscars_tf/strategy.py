@@ -269,7 +269,8 @@ class OscarsStrategy(tf.distribute.Strategy):
   @property
   def round_history(self):
     """One dict per finished round of this worker (plan digest, steps,
-    compute/wait/communication seconds, rate, divergence, table rates)."""
+    compute/wait/communication seconds, rate, divergence, table rates): the
+    last `rounds.HISTORY_KEEP` (10,000) rounds."""
     return list(self.extended._rounds.history)  # pylint: disable=protected-access
 
   def step_rate_table(self):

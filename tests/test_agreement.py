@@ -85,3 +85,13 @@ def test_results_kept_in_the_store_are_bounded(monkeypatch):
   for r in range(50):
     chief.gather(r, (0,), [float(r)])
   assert len(store.data) == 5
+
+
+def test_a_member_whose_process_is_gone_is_not_waited_for():
+  store = FakeStore()
+  chief = agreement.Agreements(store, 0, 30.0, 60.0, is_gone=lambda j: j == 2)
+  other = agreement.Agreements(store, 1, 30.0, 60.0)
+  out, errors = run_threads([lambda: chief.gather(4, (0, 1, 2), [1.0]),
+                             lambda: other.gather(4, (0, 1, 2), [2.0])],
+                            timeout=10)
+  assert errors == [None, None] and out[0] == out[1] == {0: [1.0], 1: [2.0]}

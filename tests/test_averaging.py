@@ -29,11 +29,6 @@ def test_nccl_on_cpu_is_a_clear_error():
     averaging.choose_communication("mpi", ["CPU"], ["a"])
 
 
-def test_group_key_per_membership():
-  assert averaging.group_key_for([2, 0, 1]) == averaging.group_key_for([0, 1, 2])
-  assert averaging.group_key_for([0, 1]) != averaging.group_key_for([0, 2])
-
-
 def _collective_ops(averager, tensors):
   fn = tf.function(lambda: averager.weighted_sum(tensors, 0.5))
   graph = fn.get_concrete_function().graph

@@ -3,7 +3,8 @@
 Real worker processes (examples/train.py under oscars-launch) over real gRPC
 on loopback, SIMULATED step times so that rounds are long enough to hit,
 and a hard bound on every wait. The chief drops a worker that is not at its
-round end within --straggler_timeout; the others go on (see membership.py).
+round end within --straggler_timeout, or at once when its process is gone
+(its server refuses connections); the others go on (see membership.py).
 Numbers these tests print feed the reliability table in README.md.
 """
 
@@ -32,8 +33,11 @@ def _final_lines(out):
 
 
 def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
-  epochs = 12
-  args = TRAIN_ARGS + [f"--epochs={epochs}"]
+  # A straggler timeout far above the detection target: the chief must see
+  # that the process is gone (its server refuses connections), not wait.
+  epochs, straggler_s = 12, 30
+  args = [a for a in TRAIN_ARGS if not a.startswith("--straggler")] + [
+      f"--epochs={epochs}", f"--straggler_timeout={straggler_s}"]
   base = faults.launch(4, args + [f"--result_json={tmp_path / 'base.json'}"],
                        ["--timeout=200"])
   faults.finish(base, 220)
@@ -60,7 +64,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
   assert [c["epoch"] for c in result["curve"]][-1] == epochs
   drop = next(e for e in result["membership"] if 2 in e["dropped"])
   detected_s = drop["arrived_at"] + drop["wait_s"] - killed_at
-  assert drop["wait_s"] <= STRAGGLER_S + 1.0, drop
+  assert drop["wait_s"] < 3.0 and detected_s <= 5.0, (drop, detected_s)
   # Worker 2 never came back.
   assert not any(2 in e["rejoined"] for e in result["membership"])
   delta = (faults.settled_accuracy(result) -

@@ -55,14 +55,14 @@ def test_a_worker_that_does_not_arrive_is_dropped_after_the_timeout():
   assert out[0].members == (0, 1) and time.monotonic() - start < 0.25
 
 
-def test_a_late_worker_rejoins_at_a_later_round_with_an_unknown_rate():
+def test_a_late_worker_rejoins_at_a_later_round_with_its_rate_before():
   store = FakeStore()
   ws = _workers(store, 3, straggler=0.3)
   _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
   _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
 
   def late():  # back from its stall, still at its round 1
-    return ws[2].exchange(1, _row(2))
+    return ws[2].exchange(1, _row(2, rate=0.01), rate_before=7.5)
 
   def others():
     store.wait_for_key(f"{membership.PREFIX}j/2")  # worker 2 asked to rejoin
@@ -81,7 +81,9 @@ def test_a_late_worker_rejoins_at_a_later_round_with_an_unknown_rate():
   back, history = out
   assert back.round > 1 and back.newcomers == (2,)
   assert history[-1].to_json() == back.to_json() and back.members == (0, 1, 2)
-  assert math.isnan(back.rows[2][0])  # its stall is not its speed
+  # Its stall is not its speed: it is planned at the rate it had before
+  # (issue 19: NaN planned it at the median, a drop/rejoin loop if slower).
+  assert back.rows[2][0] == 7.5
   assert ws[2].members == (0, 1, 2)
   assert ws[2].events[-1][:3] == (back.round, "rejoined", 2)
 
@@ -181,3 +183,56 @@ def test_a_chief_out_of_data_waits_for_the_others_round_before_dropping():
   out, errors = _run([chief, late_worker])
   assert errors == [None, None]
   assert out[0].members == (0, 1) and out[0].dropped == ()
+
+
+def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
+  # Issue 19: the chief's own arrival key and a late worker's were never
+  # deleted, one key per round for ever.
+  monkeypatch.setattr(membership, "KEEP_ROUNDS", 20)
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.05)
+  for r in range(600):
+    if r % 50 == 7:  # worker 1 is late: dropped, then back at a later round
+      _run([lambda: ws[0].exchange(r, _row(0))])
+      late, errs = _run([lambda: ws[1].exchange(r, _row(1)),
+                         lambda: _rejoin_round(ws[0], store, r + 1)])
+      assert errs == [None, None] and late[0].round == r + 1, errs
+    elif r % 50 != 8:
+      _, errs = _run([lambda w=w: w.exchange(r, _row(w.me)) for w in ws])
+      assert errs == [None, None], errs
+  keys = sorted(store.data)
+  assert len(keys) <= 20 + 3, keys  # decisions kept, `latest`, rows
+
+
+def _rejoin_round(chief, store, r):
+  store.wait_for_key(f"{membership.PREFIX}j/1")
+  return chief.exchange(r, _row(0))
+
+
+def test_a_member_whose_process_is_gone_is_dropped_at_once():
+  # Issue 19: a kill -9 cost the others the whole straggler timeout. A
+  # process that is gone (its server refuses connections) is not waited for.
+  store = FakeStore()
+  gone = threading.Event()
+  chief = membership.Membership(store, 0, 3, 30.0, 60.0, 1.0,
+                                is_gone=lambda j: j == 2 and gone.is_set())
+  ws = [chief] + _workers(store, 3)[1:]
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  gone.set()
+  start = time.monotonic()
+  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])
+  assert errors == [None, None]
+  assert out[0].dropped == (2,) and out[1].members == (0, 1)
+  assert time.monotonic() - start < 3.0  # not the 30 s straggler timeout
+
+
+def test_connection_refused_tells_a_gone_process_from_a_stopped_one():
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    # Listening but never accepting, like a stopped process: not gone.
+    assert not membership.connection_refused(address)
+  assert membership.connection_refused(address)  # nothing listens now
+  assert not membership.connection_refused("not-an-address")

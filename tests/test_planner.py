@@ -286,3 +286,57 @@ def test_quantized_steps_are_whole_calls_and_never_fewer(table, quantum):
     assert kq % quantum == 0 and k <= kq < k + quantum
   for g in q.groups:
     assert sum(q.weights[i] for i in g) == pytest.approx(1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 10), st.data())
+def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):
+  # Issue 19: hierarchical parts used the raw weights while poisoned or
+  # rejoining members contributed zeros, which shrank the model.
+  hosts = data.draw(st.lists(st.sampled_from("ab"), min_size=n, max_size=n))
+  steps = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+  sound = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+  members = list(range(n))
+  groups = (tuple(members),)
+  weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
+  p = planner.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
+                   groups=groups, weights=weights, update_scales=scales,
+                   global_sync=True, stragglers=(), rates=(1.0,) * n,
+                   state=planner.PlannerState(period=4.0, global_every=4))
+  parts = [planner.host_part(p, i, hosts, members, sound) for i in members]
+  composed = [parts[i].weight_in_host * parts[parts[i].host[0]].host_share
+              for i in members]
+  if any(sound):
+    flat = [planner.healthy_weight(p, i, sound) for i in members]
+    assert composed == pytest.approx(flat)
+    assert sum(composed) == pytest.approx(1.0)
+  else:
+    assert sum(composed) == pytest.approx(1.0)
+  # Every member of a host agrees on the host's share and leader.
+  for i in members:
+    lead = parts[i].host[0]
+    assert parts[i].host_share == pytest.approx(parts[lead].host_share)
+    assert lead in parts[i].leaders
+
+
+def test_global_every_follows_the_drift_measured_at_global_syncs():
+  # Issue 19: the divergence read was each worker's distance to its group
+  # mean (small), so cross-group drift of 4x divergence_high still doubled
+  # global_every 4 -> 64. A row carries the divergence of the round two
+  # before the one planned; here it is high only when that round was global.
+  config = schedules.Adaptive(grouping="speed", max_group_size=2,
+                              global_every=4, divergence_high=0.05)
+  n, state, was_global = 4, None, []
+  everies = []
+  for r in range(60):
+    measured_global = len(was_global) >= 2 and was_global[-2]
+    div = 4 * config.divergence_high if measured_global else 0.001
+    table = planner.StepRateTable(tuple(
+        planner.TableEntry(rate=10.0 + i, round=r, divergence=div)
+        for i in range(n)), ("h",) * n)
+    p = planner.plan(table, config, r, state)
+    state = p.state
+    was_global.append(p.global_sync)
+    everies.append(state.global_every)
+  assert everies[-1] == 1, everies
+  assert max(everies) <= 4, everies
