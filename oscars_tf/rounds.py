@@ -135,7 +135,10 @@ class Rounds:
             plan.global_sync)
 
   def _hier_part(self, plan, sound):
-    """Hierarchical-sync numbers of this worker (meaningful when global)."""
+    """Hierarchical-sync numbers of this worker (used for a global sync
+    across hosts; on one host, placeholders)."""
+    if not self._multi_host:
+      return (0, 1, 1.0, True, 0, 1, 1.0)
     part = planner.host_part(plan, self.me, self.hosts, self.members, sound)
     return (self.group_keys.key(part.host), len(part.host),
             part.weight_in_host, self.me == part.host[0],
@@ -148,9 +151,8 @@ class Rounds:
     members and the hosts' leaders (for a global sync)."""
     self.group_keys.register(plan.groups)
     if self._multi_host:
-      members = sorted(self.members)
       by_host = {}
-      for i in members:
+      for i in sorted(self.members):
         by_host.setdefault(self.hosts[i], []).append(i)
       hosts = sorted(by_host.values())
       self.group_keys.register(hosts + [[h[0] for h in hosts]])

@@ -236,3 +236,22 @@ def test_connection_refused_tells_a_gone_process_from_a_stopped_one():
     assert not membership.connection_refused(address)
   assert membership.connection_refused(address)  # nothing listens now
   assert not membership.connection_refused("not-an-address")
+
+
+def test_a_long_run_keeps_the_store_bounded():
+  # A soak of many rounds (two workers, each in its own thread for the
+  # whole run): decisions past KEEP_ROUNDS are deleted, nothing else grows.
+  rounds = 100_000  # the bound: 100,000 rounds
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=5.0)
+  sizes = []
+
+  def worker(w):
+    for r in range(rounds):
+      w.exchange(r, _row(w.me))
+      if w.me == 0 and r % 25_000 == 24_999:
+        sizes.append(len(store.data))
+  _, errors = _run([lambda w=w: worker(w) for w in ws], timeout=300)
+  assert errors == [None, None]
+  assert max(sizes) <= membership.KEEP_ROUNDS + 3, sizes
+  assert sizes[-1] == sizes[0], sizes  # flat, not growing
