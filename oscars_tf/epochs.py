@@ -106,6 +106,18 @@ class Epochs:
         logging.warning("oscars_tf: could not mark the end of training: %s",
                         e)
 
+  def leave_at_exit(self, timeout):
+    """At every exit: a worker says it is done; the chief waits for the
+    members to say so (see Membership.wait_until_done), not after an
+    uncaught error of its own (the others fail without it anyway)."""
+    membership = self._rounds.membership
+    if membership is None:
+      return
+    if membership.me != 0:
+      membership.say_done()
+    elif not _uncaught_error.is_set():
+      membership.wait_until_done(timeout)
+
   def finish_at_exit(self):
     """At the exit of a process whose training loop ended by itself (a
     custom loop that never called `begin_epoch`/`end_training`): take part

@@ -109,6 +109,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         end_round_now=self.average_now)
     if info.is_multi_worker:
       epochs_lib.note_uncaught_errors()
+      # atexit runs these last-registered first: end the rounds, then leave.
+      atexit.register(self.epochs.leave_at_exit, collective_timeout)
       atexit.register(self.epochs.finish_at_exit)
 
   def _learning_rate(self):

@@ -114,6 +114,31 @@ class Membership:
     if self.me == 0:
       _put(self.store, f"{PREFIX}finished", str(round_))
 
+  def say_done(self):
+    """A worker other than the chief, at its exit: the chief may go."""
+    try:
+      _put(self.store, f"{PREFIX}done/{self.me}", "1")
+    except Exception:  # pylint: disable=broad-except
+      pass  # the chief (and its store) is gone already
+
+  def wait_until_done(self, timeout):
+    """The chief, at its exit: it hosts the store, so it waits (at most
+    `timeout` s) until every member has said it is done or its process is
+    gone; a member still finishing (evaluating, writing its results) would
+    otherwise lose the store under its feet."""
+    deadline = time.monotonic() + timeout
+    for j in self.members:
+      if j == self.me:
+        continue
+      while _left(deadline) > 0:
+        try:
+          self.store.get(f"{PREFIX}done/{j}", min(PROBE_EVERY_S,
+                                                  _left(deadline)))
+          break
+        except KeyMissing:
+          if self.is_gone(j):
+            break
+
   def _timeout(self, round_):
     return self.first_round_timeout if round_ == 0 else self.decision_timeout
 

@@ -255,3 +255,22 @@ def test_a_long_run_keeps_the_store_bounded():
   assert errors == [None, None]
   assert max(sizes) <= membership.KEEP_ROUNDS + 3, sizes
   assert sizes[-1] == sizes[0], sizes  # flat, not growing
+
+
+def test_the_chief_leaves_after_the_members_are_done_or_gone():
+  store = FakeStore()
+  gone = {2}
+  chief = membership.Membership(store, 0, 3, 1.0, 5.0,
+                                is_gone=lambda j: j in gone)
+  one = membership.Membership(store, 1, 3, 1.0, 5.0)
+  start = time.monotonic()
+  threading.Timer(0.5, one.say_done).start()
+  chief.wait_until_done(timeout=10.0)
+  waited = time.monotonic() - start
+  assert f"{membership.PREFIX}done/1" in store.data
+  assert 0.4 < waited < 3.0, waited  # waited for 1, not for the gone 2
+  gone.clear()
+  start = time.monotonic()
+  store.delete(f"{membership.PREFIX}done/1")
+  chief.wait_until_done(timeout=0.5)  # bounded when no one says anything
+  assert time.monotonic() - start < 2.0
