@@ -20,7 +20,7 @@ import time
 
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.kv_store import KeyMissing
-from oscars_tf.membership import PROBE_EVERY_S
+from oscars_tf.membership import value_unless_gone
 
 PREFIX = "oscars_tf/agree/"
 KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
@@ -68,7 +68,8 @@ class Agreements:
     for j in members:
       if j == 0:
         continue
-      text = self._numbers_of(f"{base}/{j}", j, deadline)
+      text = value_unless_gone(self.store, f"{base}/{j}", deadline,
+                               lambda j=j: self.is_gone(j))
       if text is None:
         continue  # late or gone: left out of this result
       result[j] = json.loads(text)
@@ -79,15 +80,6 @@ class Agreements:
     if len(self._published) > KEEP_RESULTS:
       self.store.delete(self._published.popleft())
     return result
-
-  def _numbers_of(self, key, j, deadline):
-    while True:
-      left = max(0.0, deadline - time.monotonic())
-      try:
-        return self.store.get(key, min(PROBE_EVERY_S, left))
-      except KeyMissing:
-        if left <= 0 or self.is_gone(j):
-          return None
 
   def _await(self, base, round_):
     try:

@@ -130,14 +130,8 @@ class Membership:
     for j in self.members:
       if j == self.me:
         continue
-      while _left(deadline) > 0:
-        try:
-          self.store.get(f"{PREFIX}done/{j}", min(PROBE_EVERY_S,
-                                                  _left(deadline)))
-          break
-        except KeyMissing:
-          if self.is_gone(j):
-            break
+      value_unless_gone(self.store, f"{PREFIX}done/{j}", deadline,
+                        lambda j=j: self.is_gone(j))
 
   def _timeout(self, round_):
     return self.first_round_timeout if round_ == 0 else self.decision_timeout
@@ -187,16 +181,6 @@ class Membership:
         return decision
       r += 1
 
-  def _row_of(self, key, j, deadline):
-    """Worker j's row, or None if it is not there by `deadline` or its
-    process is gone (checked every PROBE_EVERY_S while waiting)."""
-    while True:
-      try:
-        return self.store.get(key, min(PROBE_EVERY_S, _left(deadline)))
-      except KeyMissing:
-        if _left(deadline) <= 0 or self.is_gone(j):
-          return None
-
   def _try_get(self, key):
     try:
       return self.store.get(key, 0.001)
@@ -216,7 +200,8 @@ class Membership:
     for j in self.members:
       if j == 0:
         continue
-      text = self._row_of(f"{PREFIX}a/{round_}/{j}", j, deadline)
+      text = value_unless_gone(self.store, f"{PREFIX}a/{round_}/{j}",
+                               deadline, lambda j=j: self.is_gone(j))
       if text is None:
         dropped.append(j)
         self.events.append((round_, "dropped", j, time.monotonic() - t0))
@@ -241,6 +226,17 @@ class Membership:
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
+
+
+def value_unless_gone(store, key, deadline, gone):
+  """`key`'s value, or None if it is not set by `deadline` (monotonic) or
+  `gone()` turns True first (checked every PROBE_EVERY_S while waiting)."""
+  while True:
+    try:
+      return store.get(key, min(PROBE_EVERY_S, _left(deadline)))
+    except KeyMissing:
+      if _left(deadline) <= 0 or gone():
+        return None
 
 
 def connection_refused(address, timeout_s=0.5):
