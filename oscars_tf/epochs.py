@@ -47,6 +47,7 @@ class Epochs:
     self._averages = averages
     self._end_round_now = end_round_now
     self._target = None     # fit: cluster steps per planned epoch
+    self._order = None      # fit: the shared sample order read, if any
     self._end_step = None   # custom loop: this worker's last step
 
   def plans(self):
@@ -57,6 +58,18 @@ class Epochs:
   def set_target(self, cluster_steps):
     """`fit`'s planned epochs: cluster-wide steps per epoch, or None."""
     self._target = cluster_steps
+
+  def read_in_order(self, order, first_epoch=0):
+    """`fit`'s shared sample order (frontends/shared_order.py) hears this
+    worker's part of each planned round from now on, from epoch
+    `first_epoch`; None: `fit` is over (a read still waiting for a plan
+    returns)."""
+    if self._order is not None:
+      self._order.close()
+    self._order = order
+    self._rounds.listen_slices(order.add_slice if order else None)
+    if order is not None:
+      self._rounds.tell_first_slice(self._target, first_epoch)
 
   def begin(self, epoch=None):
     """Keras epoch start: plan the epoch's end if it is cluster-wide."""

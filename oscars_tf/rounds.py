@@ -64,6 +64,11 @@ class Rounds:
     # One dict per finished round, the last HISTORY_KEEP of them.
     self.history = collections.deque(maxlen=HISTORY_KEEP)
     self.observer = None  # called as observer(entry, table, next_plan)
+    # Called as slice_listener(epoch, first_step, steps) with this worker's
+    # part of each round of a planned epoch, once the round's plan is fixed
+    # (fit's shared sample order: frontends/shared_order.py).
+    self.slice_listener = None
+    self._told = None
     self.totals = {"wait_s": 0.0, "comm_s": 0.0, "compute_s": 0.0,
                    "bytes_sent": 0, "collectives": 0, "simulated_s": 0.0}
     self.epoch_target = None     # cluster-wide steps per epoch, if planned
@@ -374,6 +379,7 @@ class Rounds:
     self._last_sync_step = int(step)
     self._t_round_start = time.monotonic()
     k, scale = self._my_steps(self.plan, int(step))
+    self._tell_slice()
     if self.epoch_over:
       # No round ends until the next epoch starts: steps Keras runs past the
       # epoch's end (the rest of a steps_per_execution batch) count toward
@@ -410,11 +416,44 @@ class Rounds:
     """
     self.epoch_done, self.epoch_over, self.exhausted = 0, False, False
     self.epoch_target = target_steps
-    if target_steps is not None:
-      self.plan = planner.fit_to_epoch(self.plan, target_steps,
-                                         self._weighting)
-    self.plan = self._quantized(self.plan)
+    self.plan = self._epoch_plan(target_steps)
     self._assign_plan(int(self.local_step.numpy()))
+    self._tell_slice()
+
+  def _epoch_plan(self, target_steps):
+    plan = self.plan
+    if target_steps is not None:
+      plan = planner.fit_to_epoch(plan, target_steps, self._weighting)
+    return self._quantized(plan)
+
+  def listen_slices(self, listener):
+    """Sets the slice listener (None: none)."""
+    self.slice_listener, self._told = listener, None
+
+  def tell_first_slice(self, target_steps, epoch):
+    """Tells the slice listener this worker's part of the first round of
+    epoch `epoch` before it begins, as `begin_epoch` will plan it (Keras
+    reads a batch to build the model before the first epoch begins)."""
+    if self.slice_listener is None or target_steps is None:
+      return
+    k = self._epoch_plan(target_steps).local_steps
+    self._tell((epoch + self.epoch_offset, sum(k[:self.me]), k[self.me]))
+
+  def _tell_slice(self):
+    """This worker's part of the coming round of a planned epoch: its steps
+    follow the cluster's steps so far and those of the workers before it
+    in the plan, which every member holds alike."""
+    if (self.slice_listener is None or self.epoch_target is None or
+        self.epoch_over):
+      return
+    k = self.plan.local_steps
+    self._tell((self.epoch_index + self.epoch_offset,
+                self.epoch_done + sum(k[:self.me]), k[self.me]))
+
+  def _tell(self, part):
+    if part != self._told:  # told ahead by tell_first_slice
+      self._told = part
+      self.slice_listener(*part)
 
   # -- graph side ----------------------------------------------------------
 

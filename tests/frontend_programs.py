@@ -45,7 +45,7 @@ class _Cases:
     self.x, self.y = _data()
     self.me = strategy.worker_index
 
-  def model(self, steps_per_execution=1, inputs=None):
+  def model(self, steps_per_execution=1, inputs=None, recorder=None):
     keras = self.keras
     with self.strategy.scope():
       if inputs == "dict":
@@ -56,7 +56,7 @@ class _Cases:
         model = keras.Model({"a": a, "b": b}, keras.layers.Dense(CLASSES)(h))
       else:
         model = keras.Sequential([
-            keras.Input((FEATURES,)),
+            keras.Input((FEATURES,))] + ([recorder] if recorder else []) + [
             keras.layers.Dense(16, activation="relu"),
             keras.layers.Dense(CLASSES)])
       kwargs = {"steps_per_execution": steps_per_execution}
@@ -79,6 +79,11 @@ class _Cases:
                          keras.callbacks.EarlyStopping(patience=5),
                          keras.callbacks.ReduceLROnPlateau(patience=1),
                          keras.callbacks.ModelCheckpoint(path)])
+
+  def shuffled_arrays(self, model, cb):
+    # The model records the samples of each training step (see _recorder).
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=3, verbose=0,
+                     callbacks=cb)
 
   def dict_arrays(self, model, cb):
     half = FEATURES // 2
@@ -234,8 +239,12 @@ def main(params):
     print(f"case {name} begins", flush=True)
     t0 = time.perf_counter()
     spe = 4 if name == "steps_per_execution" else 1
-    model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None)
-    counter = _step_counter(keras, strategy)
+    seen = []
+    recorder = (_recorder(keras, tf, seen) if name == "shuffled_arrays"
+                else None)
+    model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None,
+                        recorder=recorder)
+    counter = _step_counter(keras, strategy, seen)
     rounds_before = len(strategy.round_history)
     history = getattr(cases, name)(model, [counter])
     returned_at = time.time()  # one clock for all workers (one machine)
@@ -252,6 +261,7 @@ def main(params):
         "round_s": max([r["compute_s"] + r["wait_s"] + r["comm_s"]
                         for r in rounds] or [0.0]),
         "epochs": len(history.history["loss"]),
+        "samples": _samples_per_epoch(cases.x, seen, counter.seen_at_end),
         "history": {k: [float(v) for v in vs]
                     for k, vs in history.history.items()},
         "seconds": time.perf_counter() - t0}
@@ -261,7 +271,47 @@ def main(params):
     print(f"case {name} ends", flush=True)
 
 
-def _step_counter(keras, strategy):
+def _recorder(keras, tf, seen):
+  """A layer passing its input on that records, at training steps, each
+  row's first feature (which names the sample: the features are random)."""
+
+  class Recorder(keras.layers.Layer):
+
+    def call(self, x, training=None):
+      if not training:
+        return x
+
+      def record(rows):
+        seen.extend(rows.numpy()[:, 0].tolist())
+        return rows
+      y = tf.py_function(record, [x], x.dtype)
+      y.set_shape(x.shape)
+      return y
+  return Recorder()
+
+
+def _samples_per_epoch(x, seen, ends):
+  """Sample numbers recorded in each epoch (empty: nothing recorded)."""
+  if not seen:
+    return []
+  number = {float(v): i for i, v in enumerate(x[:, 0])}
+  assert len(number) == len(x), "first features must name the samples"
+  starts = [0] + ends[:-1]
+  return [[number[v] for v in seen[a:b]] for a, b in zip(starts, ends)]
+
+
+def unseen_and_repeated(outs):
+  """Per epoch of a `shuffled_arrays` case (outs: every worker's record):
+  (samples the cluster never trained on, samples beyond one data set)."""
+  per_epoch = zip(*[o["samples"] for o in outs])
+  result = []
+  for samples in per_epoch:
+    taken = [i for worker in samples for i in worker]
+    result.append((N - len(set(taken)), len(taken) - len(set(taken))))
+  return result
+
+
+def _step_counter(keras, strategy, seen=()):
 
   class StepCounter(keras.callbacks.Callback):
     """Training steps this worker took, per epoch (whatever
@@ -271,6 +321,7 @@ def _step_counter(keras, strategy):
       super().__init__()
       self.batches = []
       self.epoch_ends = []
+      self.seen_at_end = []  # len(seen) at each epoch end
       self._start = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -279,6 +330,7 @@ def _step_counter(keras, strategy):
     def on_epoch_end(self, epoch, logs=None):
       self.batches.append(strategy.stats()["local_step"] - self._start)
       self.epoch_ends.append(time.time())
+      self.seen_at_end.append(len(seen))
   return StepCounter()
 
 

@@ -118,6 +118,16 @@ def test_tf_keras_matrix_fit_returns_together(tf_keras_matrix, case):
     assert max(ends) - min(ends) < bound, (epoch, ends, bound)
 
 
+def test_tf_keras_matrix_shuffled_arrays_every_sample_once_per_epoch(
+    tf_keras_matrix):
+  """As the Keras 3 test of the same name (test_frontends_keras3.py)."""
+  _, _, result = tf_keras_matrix
+  outs = _tfk_outputs(result, "shuffled_arrays")
+  per_epoch = frontend_programs.unseen_and_repeated(outs)
+  assert len(per_epoch) == outs[0]["epochs"] == 3, per_epoch
+  assert per_epoch == [(0, 0)] * 3, per_epoch
+
+
 def test_tf_keras_matrix_progress_bar_never_counts_past_its_end(
     tf_keras_matrix):
   # tf_keras redraws the bar with "\r": lines are split on "\n" only.

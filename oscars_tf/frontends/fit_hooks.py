@@ -73,6 +73,7 @@ class FitHooks:
 
   def train_end(self):
     self._extended.epochs.finish()
+    self._extended.epochs.read_in_order(None)  # a read ahead stops waiting
     self._extended.epochs.end_training()
     self._extended.finish_logs()
     self.in_fit = False

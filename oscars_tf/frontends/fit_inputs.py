@@ -25,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from oscars_tf.frontends import shared_order
+
 
 @dataclasses.dataclass(frozen=True)
 class Flavour:
@@ -46,6 +48,7 @@ class FitInput:
   steps_per_epoch: Optional[int] = None
   shuffle: Any = True
   cluster_steps: Optional[int] = None  # planned: steps per cluster epoch
+  order: Any = None                    # planned arrays: a SharedOrder
   kind: str = ""                       # for the log line
 
 
@@ -118,17 +121,13 @@ def _arrays(inp, w, i, planned):
   n = len(tf.nest.flatten(data)[0])
   batch = inp.batch_size or 32
   if planned:
-    # Every worker shuffles all samples with its own seed: each sample is
-    # drawn about once per cluster epoch, however fast each worker is.
-    stream = tf.data.Dataset.from_tensor_slices(data)
-    if inp.shuffle:
-      stream = stream.shuffle(n, seed=1000 + i, reshuffle_each_iteration=True)
-    else:
-      stream = stream.shard(w, i)
-    stream = stream.repeat().batch(batch, drop_remainder=True)
+    # One order per epoch shared by all workers, cut by the plan: each
+    # sample once per cluster epoch, however fast each worker is.
+    order = shared_order.SharedOrder(n, batch, shuffle=bool(inp.shuffle))
     cluster = inp.steps_per_epoch * w if inp.steps_per_epoch else -(-n // batch)
-    return FitInput(_planned(stream), shuffle=False, cluster_steps=cluster,
-                    kind="arrays, planned")
+    return FitInput(_planned(_ordered_batches(data, order, batch)),
+                    shuffle=False, cluster_steps=cluster, order=order,
+                    kind="arrays, planned (one shared order per epoch)")
   usable = n - n % w
   if n % w:
     logging.info("oscars_tf: %d of %d samples are left out of each epoch so "
@@ -164,6 +163,18 @@ def _py_dataset(flavour, inp, w, i, planned):
                     cluster_steps=cluster, kind="PyDataset, planned")
   return dataclasses.replace(inp, x=flavour.shard_py_dataset(data, w, i),
                              kind="PyDataset, sharded")
+
+
+def _ordered_batches(data, order, batch):
+  """An endless stream of `data`'s batches: step j's rows are the ones
+  `order` gives for this worker's step j."""
+  tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
+
+  def rows(step):
+    indices = tf.py_function(order.indices, [step], tf.int64)
+    indices.set_shape([batch])
+    return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+  return tf.data.Dataset.range(2**62).map(rows)
 
 
 def _planned(stream):
@@ -223,6 +234,7 @@ def rewrite_fit_args(extended, args, flavour, tensorboard_type):
   if planned:
     args.update(batch_size=None, steps_per_epoch=None)
     extended.epochs.set_target(inp.cluster_steps)
+  extended.epochs.read_in_order(inp.order, args["initial_epoch"])
   if args["verbose"] in ("auto", 1) and not info.is_chief:
     args["verbose"] = 2  # one line per epoch; the progress bar is the chief's
   return planned

@@ -108,9 +108,12 @@ def _wrap_fit(original):
                                              keras.callbacks.Callback)
     peer_errors = extended.peer_errors_explained("an averaging point",
                                                  collectives_only=True)
-    with extended.unsharded(), peer_errors, \
-        keras3_inputs.epoch_iterators(planned):
-      return original(self, **call)
+    try:
+      with extended.unsharded(), peer_errors, \
+          keras3_inputs.epoch_iterators(planned):
+        return original(self, **call)
+    finally:
+      extended.epochs.read_in_order(None)  # a read ahead stops waiting
   return fit
 
 

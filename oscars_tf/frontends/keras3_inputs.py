@@ -157,9 +157,14 @@ def _planned_iterator_class(base):
 
     def reset(self):
       # Keras resets once after reading a batch to build the model, which
-      # ends the adapter's epoch: the stream is opened anew.
+      # ends the adapter's epoch: the stream is opened anew. The old one is
+      # deleted off this thread: its read-ahead may be waiting for a round
+      # this worker has yet to train (frontends/shared_order.py), and
+      # deleting an iterator waits for its reads.
+      old = [self._stream, getattr(self, "_epoch_iterator", None)]
+      self._stream = self._epoch_iterator = None
       super().reset()
-      self._stream = None
+      deferred_release.release(old)
 
     def close_stream(self):
       """Ends the adapter's epoch; the stream itself goes with this object

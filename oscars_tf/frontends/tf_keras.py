@@ -237,6 +237,7 @@ def _wrap_fit(original):
           tf_keras_inputs.handlers_released():
         return original(self, **call)
     finally:
+      extended.epochs.read_in_order(None)
       _remove_backup_temp_dirs(user_callbacks, self.distribute_strategy,
                                extended.cluster)
   return fit
