@@ -8,6 +8,8 @@ equal share of the data set's steps.
 """
 
 import math
+import signal
+import threading
 import time
 
 import keras
@@ -183,3 +185,22 @@ def gather_per_worker(strategy, values):
     per_replica = strategy.run(lambda: tf.constant(mine / replicas))
     return strategy.reduce("SUM", per_replica, axis=None)
   return gather().numpy().tolist()
+
+
+def nan_on_signal(model, signum=signal.SIGUSR1):
+  """A Keras callback for fault tests: after `signum` arrives, this
+  worker's first trainable weight turns NaN at its next training step
+  (what a diverged or corrupted worker looks like to the others)."""
+  requested = threading.Event()
+  signal.signal(signum, lambda *_: requested.set())
+
+  class NanOnSignal(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      if requested.is_set():
+        requested.clear()
+        weight = model.trainable_weights[0]
+        weight.assign(np.full(weight.shape, np.nan, weight.dtype))
+        print("fault injection: this worker's weights are now NaN",
+              flush=True)
+  return NanOnSignal()

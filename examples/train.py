@@ -56,6 +56,9 @@ flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
                      "(--strategy=local_sgd or sync) and, with momentum or "
                      "adam, --optimizer_state=average (the checkpoint holds "
                      "the chief's optimizer state).")
+flags.DEFINE_boolean("nan_on_sigusr1", False, "For fault tests (fit only): "
+                     "SIGUSR1 turns this worker's weights NaN at its next "
+                     "step, as a diverged worker's would be.")
 FLAGS = flags.FLAGS
 
 
@@ -219,6 +222,8 @@ def main(argv):
         on_epoch_end=lambda e, logs: after_epoch(e, logs["loss"]))]
     if FLAGS.logdir:
       callbacks.append(keras.callbacks.TensorBoard(FLAGS.logdir))
+    if FLAGS.nan_on_sigusr1:
+      callbacks.append(loops.nan_on_signal(model))
     if FLAGS.deterministic:  # epoch e's order: a function of (seed, e)
       for epoch in range(initial_epoch, FLAGS.epochs):
         order = np.random.default_rng((FLAGS.seed, epoch)).permutation(
