@@ -5,9 +5,10 @@
 
 Strategy flags (--strategy, --period, --period_rule, ...) come from
 `oscars_tf.flags`; run with --helpfull to list them. The batch size is per
-worker. With --checkpoint_dir, the chief saves the averaged model and the
-optimizer after every epoch (atomically) and a later run resumes from the last
-one (every worker reads it: use a shared file system across hosts).
+worker. With --checkpoint_dir, the chief saves the averaged model, the
+optimizer and the outer optimizer's state after every epoch (atomically) and a
+later run resumes from the last one (every worker reads it: use a shared file
+system across hosts).
 --result_json gets the final metrics, the wall time, the accuracy after every
 epoch and every worker's step counts.
 
@@ -189,7 +190,7 @@ def main(argv):
                   "loss": float(loss), "test_accuracy": accuracy,
                   "test_loss": test_loss})
     if FLAGS.checkpoint_dir and is_chief:
-      checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1)
+      checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1, strategy)
     if not is_chief or _uses_custom_loop():
       print(f"worker {worker}/{num_workers} epoch {epoch + 1}/{FLAGS.epochs}:"
             f" loss {loss:.4f}, test accuracy {accuracy:.4f}, "

@@ -19,7 +19,7 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 
 # Instance keys per role; each role gets a disjoint range of packs.
 INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "across": 5 << 20,
-                     "back": 6 << 20}
+                     "back": 6 << 20, "shared": 7 << 20}
 _MAX_PACKS = 1 << 10
 
 
@@ -150,9 +150,10 @@ class PerGroupAverager:
     self.ring = GroupAverager(group_size, group_key, device, "RING", timeout)
     self.timeout = timeout
 
-  def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl):
+  def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl,
+                   role="model"):
     def run(averager):
-      return lambda: averager.weighted_sum(tensors, weight,
+      return lambda: averager.weighted_sum(tensors, weight, role=role,
                                            group_size=group_size,
                                            group_key=group_key)
     return tf.cond(use_nccl, run(self.nccl), run(self.ring))

@@ -1,18 +1,23 @@
 """Atomic checkpoints of the averaged model and its optimizer, and resume.
 
-    checkpoint.save(model, directory, epoch)      # the chief, at epoch ends
-    epoch = checkpoint.restore(model, directory)  # every worker, at start
+    checkpoint.save(model, directory, epoch, strategy)      # the chief
+    epoch = checkpoint.restore(model, directory, strategy)  # every worker
 
 Each save writes `epoch-<N>.weights.h5` (through a temporary file and an
-atomic rename), then `last.json`, which names it (also renamed into place),
-then deletes older weight files. A crash at any point leaves `last.json`
-naming a complete weights file: the previous checkpoint, or the new one.
-Keras' `save_weights` includes the optimizer's variables, so a resumed run
-continues the optimizer's step count and slots.
+atomic rename), with an outer optimizer its state `epoch-<N>.outer.npz` (the
+same way), then `last.json`, which names them (also renamed into place),
+then deletes older files. A crash at any point leaves `last.json` naming
+complete files: the previous checkpoint, or the new one. Keras'
+`save_weights` includes the optimizer's variables, so a resumed run
+continues the optimizer's step count and slots; the outer optimizer's start
+and momentum (`OscarsStrategy.outer_state`) resume too.
 """
 
 import json
 import os
+
+import numpy as np
+from absl import logging
 
 STATE = "last.json"
 
@@ -21,8 +26,20 @@ def _weights_name(epoch):
   return f"epoch-{epoch}.weights.h5"
 
 
-def save(model, directory, epoch):
-  """Writes `model` (and its optimizer) as the checkpoint of `epoch`."""
+def _outer_name(epoch):
+  return f"epoch-{epoch}.outer.npz"
+
+
+def _outer_state(strategy):
+  """The strategy's outer optimizer state, or None (none, or a strategy
+  without one: TensorFlow's own)."""
+  outer_state = getattr(strategy, "outer_state", None)
+  return outer_state() if outer_state is not None else None
+
+
+def save(model, directory, epoch, strategy=None):
+  """Writes `model` (and its optimizer, and `strategy`'s outer optimizer
+  state) as the checkpoint of `epoch`."""
   os.makedirs(directory, exist_ok=True)
   name = _weights_name(epoch)
   tmp = os.path.join(directory, f".tmp-{os.getpid()}")
@@ -32,14 +49,22 @@ def save(model, directory, epoch):
   state = {"epoch": int(epoch), "weights": name,
            "optimizer_step": int(optimizer.iterations.numpy())
                              if optimizer is not None else None}
+  outer = _outer_state(strategy)
+  if outer is not None:
+    state["outer"] = _outer_name(epoch)
+    with open(tmp + ".npz", "wb") as f:
+      np.savez(f, **_to_npz_dict(outer))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp + ".npz", os.path.join(directory, state["outer"]))
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp + ".json", os.path.join(directory, STATE))
   for old in os.listdir(directory):  # superseded checkpoints
-    if old.endswith(".weights.h5") and old.startswith("epoch-") and (
-        old != name):
+    if old.startswith("epoch-") and old not in (name, state.get("outer")) and (
+        old.endswith(".weights.h5") or old.endswith(".outer.npz")):
       os.remove(os.path.join(directory, old))
 
 
@@ -56,7 +81,8 @@ def restore(model, directory, strategy=None):
   """Loads the last checkpoint into `model`; returns its epoch (0: none).
 
   The optimizer's slots are built first (under `strategy`'s scope when
-  given) so that their saved values load too.
+  given) so that their saved values load too. The outer optimizer's state
+  goes to `strategy` (used when its state is created, at the first step).
   """
   state = latest(directory)
   if state is None:
@@ -69,4 +95,43 @@ def restore(model, directory, strategy=None):
     else:
       optimizer.build(model.trainable_variables)
   model.load_weights(os.path.join(directory, state["weights"]))
+  _restore_outer(state, directory, strategy)
   return int(state["epoch"])
+
+
+def _restore_outer(state, directory, strategy):
+  has_outer = _outer_state(strategy) is not None
+  if not state.get("outer"):
+    if has_outer:
+      logging.warning("oscars_tf: checkpoint %s has no outer optimizer state;"
+                      " the outer momentum starts at zero.", directory)
+    return
+  if not has_outer:
+    logging.warning("oscars_tf: checkpoint %s has outer optimizer state, but "
+                    "the strategy has no outer optimizer: not used.",
+                    directory)
+    return
+  with np.load(os.path.join(directory, state["outer"])) as saved:
+    strategy.restore_outer_state(_from_npz_dict(
+        {k: saved[k] for k in saved.files}))
+
+
+def _to_npz_dict(sets):
+  """[(starts, momenta)] per set -> flat {name: array} for np.savez."""
+  out = {}
+  for j, (starts, momenta) in enumerate(sets):
+    out.update({f"{j}.start.{i}": a for i, a in enumerate(starts)})
+    out.update({f"{j}.momentum.{i}": a for i, a in enumerate(momenta)})
+  return out
+
+
+def _from_npz_dict(arrays):
+  """The inverse of `_to_npz_dict`."""
+  sets = {}
+  for name in arrays:
+    j, kind, i = name.split(".")
+    sets.setdefault(int(j), {"start": {}, "momentum": {}})[kind][int(i)] = (
+        arrays[name])
+  return [tuple([parts[kind][i] for i in sorted(parts[kind])]
+                for kind in ("start", "momentum"))
+          for _, parts in sorted(sets.items())]

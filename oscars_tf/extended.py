@@ -33,6 +33,8 @@ from oscars_tf import inputs
 from oscars_tf import kv_store
 from oscars_tf import membership as membership_lib
 from oscars_tf import multi_worker_roles
+from oscars_tf import observability
+from oscars_tf import outer as outer_lib
 from oscars_tf import replicas
 from oscars_tf import rounds as rounds_lib
 from oscars_tf import startup
@@ -53,6 +55,7 @@ def _inside_while_loop():
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                      inputs.WorkerInputs, replicas.LocalSGDReplicas,
+                     observability.RoundLogging,
                      mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
@@ -60,7 +63,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                communication, collective_timeout, local_replicas="mirrored",
                simulate=None, outer_optimizer=None, straggler_timeout=60.0):
     self._cluster = info
-    self._outer = outer_optimizer
+    self._outer = outer_lib.OuterStates(outer_optimizer)
     self._local_sgd = local_replicas == "local_sgd"
     self._schedule = schedule
     self._optimizer_state = optimizer_state
@@ -99,11 +102,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._tracked = None          # (model, optimizer) registered by Keras/user
     self._last_variables = []
     self._round_starts = {}       # FedNova: round-start copies per variable
-    self._outer_state = {}        # outer optimizer: (start, momentum) copies
     self._sync_functions = {}
     self._suppress_sharding = 0
-    self._logdir = None
-    self._summaries = None
     self.epochs = epochs_lib.Epochs(
         self._rounds, info, schedule, averages=self._averages,
         end_round_now=self.average_now)
@@ -237,12 +237,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def _round_end(self, variables, step, loss):
     key = self._key(variables)
     starts = self._round_starts.get(key)
-    outer = self._outer_state.get(key)
+    outer = self._outer.get(key)
 
     def write(values, is_global):
       if outer:  # at global syncs the averaged update takes an outer step
-        values = tf.cond(is_global,
-                         lambda: self._outer_step(values, *outer),
+        values = tf.cond(is_global, lambda: outer.step(values),
                          lambda: [tf.identity(v) for v in values])
       return replicas.write_values(variables, values, starts)
 
@@ -251,7 +250,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         read_values=lambda: replicas.read_values(variables, self._local_sgd),
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
-        reset_state=self._clear_nonfinite_slots)
+        reset_state=self._clear_nonfinite_slots,
+        shared_state=outer.variables if outer else None)
 
   def _clear_nonfinite_slots(self):
     """A poisoned worker's optimizer slots may be NaN too: zero those."""
@@ -260,20 +260,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
              if _is_float(v) for c in _component_variables(v)]
     return tf.group([c.assign(tf.where(tf.math.is_finite(c), c,
                                        tf.zeros_like(c))) for c in slots])
-
-  def _outer_step(self, averaged, starts, momenta):
-    """SlowMo / DiLoCo: momentum on the outer gradient start - average."""
-    o = self._outer
-    out, updates = [], []
-    for avg, start, m in zip(averaged, starts, momenta):
-      delta = start - avg
-      m_new = o.momentum * m + delta
-      step = delta + o.momentum * m_new if o.nesterov else m_new
-      new = start - o.learning_rate * step
-      updates += [m.assign(m_new), start.assign(new)]
-      out.append(new)
-    with tf.control_dependencies(updates):
-      return [tf.identity(v) for v in out]
 
   @staticmethod
   def _key(variables):
@@ -299,7 +285,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             self._averager, self._cluster, self._collective_or_timeout)
         handshake.check_workers_agree(variables, startup.Settings(
             self._schedule, self._optimizer_state, self._communication,
-            self._outer, self._rounds.step_quantum))
+            self._outer.optimizer, self._rounds.step_quantum))
         handshake.broadcast_from_chief(
             replicas.read_values(variables, self._local_sgd),
             lambda values: replicas.write_values(variables, values))
@@ -308,11 +294,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         if getattr(self._schedule, "weighting", None) == "normalized":
           self._round_starts[key] = [tf.Variable(v, trainable=False)
                                      for v in started]
-        if self._outer is not None:
-          self._outer_state[key] = (
-              [tf.Variable(v, trainable=False) for v in started],
-              [tf.Variable(tf.zeros_like(v), trainable=False)
-               for v in started])
+        if self._outer.optimizer is not None:
+          model = self._tracked[0] if self._tracked else None
+          self._outer.create(key, outer_lib.takes_outer_step(variables, model),
+                             started)
       self._rounds.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
@@ -344,11 +329,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   @property
   def schedule(self):
     return self._schedule
-
-  @property
-  def logdir(self):
-    """Where this worker writes its round summaries, or None."""
-    return self._logdir
 
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
@@ -386,24 +366,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def mark_first_step_done(self):
     self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))
 
-  # -- observability --------------------------------------------------------
-
-  def set_logdir(self, logdir):
-    """Writes this worker's round summaries under `logdir` from now on."""
-    from oscars_tf import observability  # pylint: disable=g-import-not-at-top
-    if logdir and logdir != self._logdir:
-      self._logdir = logdir
-      self._summaries = observability.RoundSummaries(
-          logdir, self._cluster.worker_index, self._cluster.is_chief)
-      self._rounds.observer = self._summaries
-
-  def finish_logs(self):
-    """Flushes summaries and writes this worker's timeline (if logging)."""
-    from oscars_tf import observability  # pylint: disable=g-import-not-at-top
-    if self._logdir:
-      self._summaries.flush()
-      observability.write_timeline(self._logdir, self._rounds.history,
-                                   self._cluster.worker_index)
+  # -- agreements between rounds --------------------------------------------
 
   def gather_numbers(self, numbers):
     """{worker: numbers} of the members, agreed through the chief (eager;

@@ -64,7 +64,9 @@ flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
                    "round (default: 60, or --collective_timeout if shorter).",
                    lower_bound=1e-3)
 flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
-                   "momentum in [0, 1) on the averaged model at global syncs.",
+                   "momentum in [0, 1) on the averaged trainable weights at "
+                   "global syncs (its state is in --checkpoint_dir's "
+                   "checkpoints).",
                    lower_bound=0.0, upper_bound=0.999)
 flags.DEFINE_string("simulate_step_time", None, "SIMULATED heterogeneity, "
                     "e.g. '20ms*1,1,2,4' (default: $OSCARS_SIMULATE_STEP_TIME,"

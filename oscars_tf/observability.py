@@ -72,6 +72,34 @@ class RoundSummaries:
       self.cluster_writer.flush()
 
 
+class RoundLogging:
+  """Mixin for the extended: its summaries and timeline (reads the
+  extended's `_cluster` and `_rounds`)."""
+
+  _logdir = None
+  _summaries = None
+
+  @property
+  def logdir(self):
+    """Where this worker writes its round summaries, or None."""
+    return self._logdir
+
+  def set_logdir(self, logdir):
+    """Writes this worker's round summaries under `logdir` from now on."""
+    if logdir and logdir != self._logdir:
+      self._logdir = logdir
+      self._summaries = RoundSummaries(
+          logdir, self._cluster.worker_index, self._cluster.is_chief)
+      self._rounds.observer = self._summaries
+
+  def finish_logs(self):
+    """Flushes summaries and writes this worker's timeline (if logging)."""
+    if self._logdir:
+      self._summaries.flush()
+      write_timeline(self._logdir, self._rounds.history,
+                     self._cluster.worker_index)
+
+
 def trace_events(history, worker_index):
   """Chrome trace events (µs) for one worker's rounds."""
   events = []

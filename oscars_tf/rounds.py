@@ -225,7 +225,8 @@ class Rounds:
 
   def _exchange(self, row, step):
     """The round's membership and table, then this worker's part in it:
-    (table, weight, takes_model, group key, size, nccl, global, *hier)."""
+    (table, weight, takes_model, group key, size, nccl, global, rejoining,
+    state weight, *hier)."""
     if self.membership is None:
       decision = membership_lib.Decision(self.round, (0,), (), (), (row,))
     else:
@@ -281,8 +282,13 @@ class Rounds:
     self._register_groups(self.plan)
     key, size, nccl, whole = self._my_group(self.plan)
     hier = self._hier_part(self.plan, sound)
+    # State sound members share (outer momentum) goes to newcomers: equal
+    # weights over the group's sound members, whatever their steps.
+    holders = [j for j in group if sound[j]] or list(group)
+    state_weight = 1.0 / len(holders) if self.me in holders else 0.0
     return (rows.reshape(-1), np.float32(weight), np.bool_(takes_model),
             np.int32(key), np.int32(size), np.bool_(nccl), np.bool_(whole),
+            np.bool_(bool(decision.newcomers)), np.float32(state_weight),
             *(np.dtype(d.as_numpy_dtype).type(v)
               for (_, d), v in zip(HIER_FIELDS, hier)))
 
@@ -466,7 +472,7 @@ class Rounds:
     return self.local_step.assign_add(1)
 
   def round_end_ops(self, step, loss, read_values, write_values, start=None,
-                    reset_state=None):
+                    reset_state=None, shared_state=None):
     """Ops of an averaging point (see module docstring).
 
     Args:
@@ -477,6 +483,9 @@ class Rounds:
       start: for FedNova weighting, () -> list of round-start values.
       reset_state: () -> op, run on a poisoned worker after it took the
         group's model (e.g. clearing non-finite optimizer slots).
+      shared_state: variables every sound member holds equal (the outer
+        optimizer's): at a round where a worker rejoins, every member takes
+        the sound members' values before `write_values`.
     """
     values = read_values()
     # Poison guard: a worker whose weights are not all finite says so in the
@@ -487,12 +496,13 @@ class Rounds:
     outs = tf.py_function(
         self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
         [tf.float64, tf.float32, tf.bool, tf.int32, tf.int32, tf.bool,
-         tf.bool] + [d for _, d in HIER_FIELDS])
-    table, weight, poisoned, group_key, group_size, use_nccl, is_global = [
-        tf.reshape(o, s) for o, s in zip(outs[:7], [[self.n * ROW]] +
-                                          [[]] * 6)]
+         tf.bool, tf.bool, tf.float32] + [d for _, d in HIER_FIELDS])
+    (table, weight, poisoned, group_key, group_size, use_nccl, is_global,
+     rejoining, state_weight) = [
+         tf.reshape(o, s) for o, s in zip(outs[:9], [[self.n * ROW]] +
+                                          [[]] * 8)]
     hier = {name: tf.reshape(o, []) for (name, _), o in zip(HIER_FIELDS,
-                                                             outs[7:])}
+                                                             outs[9:])}
     with tf.control_dependencies([table]):
       if start is not None:
         begin = start()
@@ -501,12 +511,15 @@ class Rounds:
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
       sent = averaging.packed_bytes(values)
 
-      def together():
+      def group_sum(tensors, w, role="model"):
         if self._per_group:
           return self._group_averager.weighted_sum(
-              values, weight, group_size, group_key, use_nccl)
+              tensors, w, group_size, group_key, use_nccl, role=role)
         return self._group_averager.weighted_sum(
-            values, weight, group_size=group_size, group_key=group_key)
+            tensors, w, role=role, group_size=group_size, group_key=group_key)
+
+      def together():
+        return group_sum(values, weight)
 
       def hierarchical():
         return self._hierarchical.weighted_sum(values, hier)
@@ -518,7 +531,17 @@ class Rounds:
                          lambda: [tf.identity(v) for v in values])
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
-    written = write_values(averaged, is_global)
+    shared = []
+    if shared_state:
+      # After the model's collective (every member launches them in the
+      # same order); all members share the decision, so all take the same
+      # branch.
+      with tf.control_dependencies(averaged):
+        shared = [tf.cond(
+            rejoining & (group_size > 1),
+            lambda: _share(shared_state, state_weight, group_sum), tf.no_op)]
+    with tf.control_dependencies(shared):
+      written = write_values(averaged, is_global)
     if reset_state is not None:
       with tf.control_dependencies([written]):
         written = tf.cond(poisoned, reset_state, tf.no_op)
@@ -531,6 +554,14 @@ class Rounds:
                self.last_sync_step.assign(step),
                self.syncs.assign_add(1)]
     return tf.group(updates)
+
+
+def _share(variables, weight, group_sum):
+  """Assigns the group's weighted sum of `variables`: the holders' values
+  (a weight of 0 sends zeros: a non-finite value times 0 is NaN)."""
+  mine = [tf.where(weight > 0, v, tf.zeros_like(v)) for v in variables]
+  return tf.group([v.assign(a) for v, a in
+                   zip(variables, group_sum(mine, weight, "shared"))])
 
 
 def _relative_distance(values, averaged):

@@ -296,6 +296,12 @@ class OuterMomentum:
   Douillard et al., "DiLoCo", 2023 (learning_rate=0.7, momentum=0.9).
   `learning_rate=1, momentum=0` is plain averaging.
 
+  Only the model's trainable weights take the outer step; non-trainable
+  weights (BatchNorm's moving statistics) and averaged optimizer slots take
+  the plain average. A worker that rejoins after it was dropped takes the
+  others' start and momentum with the model, and `checkpoint.save(...,
+  strategy=)` saves them (see `oscars_tf/outer.py`).
+
   Example:
     OscarsStrategy(outer_optimizer=oscars_tf.schedules.OuterMomentum())
   """

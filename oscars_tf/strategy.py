@@ -64,7 +64,10 @@ class OscarsStrategy(tf.distribute.Strategy):
       given to `fit`, else none.
     outer_optimizer: None (default: the average is the new model) or
       `schedules.OuterMomentum(...)`: SlowMo/DiLoCo momentum on the averaged
-      update at every global sync.
+      update at every global sync, for the trainable weights only (the
+      others take the plain average). A rejoining worker takes the others'
+      outer state; `checkpoint.save(..., strategy=)` saves it (see
+      `outer_state`).
     simulate_step_time: SIMULATED heterogeneity for tests and benchmarks, a
       spec such as "20ms*1,1,2,4" (see `oscars_tf.simulate`); default the
       `OSCARS_SIMULATE_STEP_TIME` environment variable (oscars-launch
@@ -193,6 +196,20 @@ class OscarsStrategy(tf.distribute.Strategy):
     `optimizer_state="average"` the optimizer's slot variables.
     """
     self.extended.track(model, optimizer)
+
+  def outer_state(self):
+    """The outer optimizer's state, for a checkpoint: per averaged variable
+    set (a Keras model has one), its trainable variables' (starts, momenta)
+    as NumPy arrays. None without an `outer_optimizer`. The chief's is every
+    member's (see `outer.py`); `checkpoint.save(..., strategy=)` saves it."""
+    outer = self.extended._outer  # pylint: disable=protected-access
+    return outer.arrays() if outer.optimizer is not None else None
+
+  def restore_outer_state(self, sets):
+    """Loads what `outer_state()` returned, now or, before the first step
+    (the state does not exist yet), when it is created. Shapes that do not
+    match the model's trainable variables raise ValueError."""
+    self.extended._outer.load(sets)  # pylint: disable=protected-access
 
   def sync(self):
     """Averages the model now; every worker must call it at the same point.

@@ -76,11 +76,16 @@ def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
   assert delta >= -0.01
 
 
-def test_a_resumed_deterministic_run_ends_with_the_same_weights(tmp_path):
+# With an outer optimizer its start and momentum are in the checkpoint too.
+@pytest.mark.parametrize("extra_args", [[], ["--outer_momentum=0.5"]],
+                         ids=["plain", "outer_momentum"])
+def test_a_resumed_deterministic_run_ends_with_the_same_weights(tmp_path,
+                                                                extra_args):
   # Stop all workers after epoch 2 and restart them: the weights at epoch 4
   # are bit-identical to those of a run never stopped.
   args = ["--strategy=local_sgd", "--period=4", "--optimizer=momentum",
-          "--optimizer_state=average", "--deterministic", "--seed=3"]
+          "--optimizer_state=average", "--deterministic", "--seed=3"
+          ] + extra_args
 
   def run(name, epochs):
     result = tmp_path / f"{name}_{epochs}.json"

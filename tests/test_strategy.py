@@ -266,3 +266,39 @@ def test_outer_momentum_rejects_bad_arguments(kwargs):
     oscars_tf.schedules.OuterMomentum(**kwargs)
   with pytest.raises(TypeError, match="outer_optimizer"):
     oscars_tf.OscarsStrategy(outer_optimizer="slowmo")
+
+
+def test_outer_momentum_moves_trainable_weights_only():
+  """Statistics and optimizer slots take the plain average: momentum
+  extrapolation would drive a shrinking non-negative one (a moving variance,
+  Adam's second moment) below zero."""
+  outer = oscars_tf.schedules.OuterMomentum(learning_rate=1.0, momentum=0.9,
+                                            nesterov=True)
+  strategy = oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd", outer_optimizer=outer,
+      schedule=oscars_tf.schedules.Fixed(every=1))
+  with strategy.scope():
+    w = tf.Variable([1.0, 1.0])
+    # Per replica, as Keras' BatchNormalization keeps its moving statistics.
+    statistic = tf.Variable(
+        [1.0], trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.MEAN)
+    opt = keras.optimizers.SGD(1.0)
+
+  @tf.function
+  def step():
+    def fn():
+      opt.apply_gradients([(tf.constant([1.0, 2.0]) / 2.0, w)])
+      statistic.assign(statistic * 0.5)
+    strategy.run(fn)
+
+  strategy.track(type("M", (), {"trainable_weights": [w],
+                                "non_trainable_weights": [statistic]})(), opt)
+  start, m = np.array([1.0, 1.0]), np.zeros(2)
+  delta = np.array([1.0, 2.0])  # each replica steps by [1, 2] (see above)
+  for k in range(1, 4):
+    step()
+    np.testing.assert_allclose(statistic.numpy(), [0.5 ** k])
+    m = 0.9 * m + delta
+    start = start - (delta + 0.9 * m)
+    np.testing.assert_allclose(w.numpy(), start, rtol=1e-6)

@@ -35,7 +35,9 @@ def _setup(params):
       devices=devices, collective_timeout=params.get("timeout", 60),
       straggler_timeout=params.get("straggler_timeout"),
       optimizer_state=params.get("optimizer_state", "local"),
-      simulate_step_time=params.get("simulate", ""))
+      simulate_step_time=params.get("simulate", ""),
+      outer_optimizer=(oscars_tf.schedules.OuterMomentum(**params["outer"])
+                       if "outer" in params else None))
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.
