@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import multiworker
+from oscars_tf import membership
+from oscars_tf import rounds as rounds_lib
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -223,6 +225,30 @@ def test_a_worker_stalled_at_an_epoch_end_does_not_hold_the_others():
   for out in result.outputs[1:]:
     np.testing.assert_allclose(out["weights"], chief["weights"], rtol=1e-6,
                                atol=1e-6)
+
+
+def test_a_soak_of_thousands_of_rounds_keeps_the_store_bounded():
+  # 3 workers average a tiny model at every step for 2,000 rounds; the
+  # membership store keeps the last KEEP_ROUNDS decisions and no arrival
+  # key (each is deleted once read), and every worker ends with the model.
+  rounds = 2000
+  result = multiworker.run("soak", 3, {"rounds": rounds, "epochs": 3,
+                                       "timeout": 60,
+                                       "straggler_timeout": 30}, timeout=400)
+  chief = result.outputs[0]
+  assert chief["rounds"] >= rounds
+  assert chief["old_decisions"] == 0, chief["old_decisions"]
+  assert chief["kept_decisions"] == membership.KEEP_ROUNDS, chief[
+      "kept_decisions"]
+  assert chief["arrivals"] == 0, chief["arrivals"]
+  assert chief["history"] == min(chief["rounds"], rounds_lib.HISTORY_KEEP)
+  assert 0 < chief["agreements"] <= 3 * 3  # logs and stop votes per epoch
+  for out in result.outputs[1:]:
+    np.testing.assert_array_equal(out["weights"], chief["weights"])
+  print(f"\nsoak: {chief['rounds']} rounds of 3 workers in "
+        f"{chief['wall_s']:.1f} s ({chief['rounds'] / chief['wall_s']:.0f} "
+        f"rounds/s); {chief['kept_decisions']} decisions and "
+        f"{chief['arrivals']} arrival keys left in the store")
 
 
 def test_busy_port_fails_fast_with_a_clear_message():

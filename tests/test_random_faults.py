@@ -10,8 +10,9 @@ goes on for several epochs after it. Set
 OSCARS_FAULT_SEED to draw other runs; a failure names its seed and draw.
 
 Every run must end by itself with exit 0; the workers still in the job at
-the end hold the same model; and the mean test accuracy of the last three
-epochs is within one point of the undisturbed job's.
+the end hold the same model; and the mean test accuracy of the last five
+epochs is within one point of the undisturbed job's (one epoch's accuracy
+on the 360 digits test images moves by a point from the next).
 """
 
 import json
@@ -122,10 +123,10 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
     assert survivors == list(range(WORKERS)), (what, result["membership"])
   assert set(survivors) <= set(finals), (what, finals)
   assert len({tuple(finals[w]) for w in survivors}) == 1, (what, finals)
-  delta = (faults.settled_accuracy(result) -
-           faults.settled_accuracy(undisturbed))
+  delta = (faults.settled_accuracy(result, last=5) -
+           faults.settled_accuracy(undisturbed, last=5))
   print(f"\n{what}: exit 0, survivors {survivors} agree, accuracy of the "
-        f"last 3 epochs {delta * 100:+.2f} points vs undisturbed; "
+        f"last 5 epochs {delta * 100:+.2f} points vs undisturbed; "
         f"dropped {dropped}{'; the job restarted' if restarted else ''}")
-  assert delta >= -0.01, (what, result["curve"][-3:],
-                          undisturbed["curve"][-3:])
+  assert delta >= -0.01, (what, result["curve"][-5:],
+                          undisturbed["curve"][-5:])

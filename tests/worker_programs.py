@@ -268,7 +268,52 @@ def custom_loop(params):
                             "stats": strategy.stats()})
 
 
-SCENARIOS = {f.__name__: f for f in (fit, sync_equivalence, custom_loop)}
+def soak(params):
+  """Thousands of rounds of a tiny model (averaging every step); the chief
+  then counts the protocol's keys left in the coordination service."""
+  strategy = _setup(dict(params, every=1))
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from oscars_tf import agreement, kv_store, membership  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+  x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+  ds = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(8).repeat()
+  epochs = params["epochs"]
+  t0 = time.perf_counter()
+  model.fit(ds, steps_per_epoch=params["rounds"] // epochs, epochs=epochs,
+            verbose=0)
+  wall = time.perf_counter() - t0
+  rounds = strategy.round_history[-1]["round"] + 1  # membership rounds
+  result = {"rounds": rounds, "wall_s": wall,
+            "history": len(strategy.round_history),
+            "weights": _flat(model).tolist()}
+  if strategy.worker_index == 0:
+    store, p = kv_store.ContextStore(), membership.PREFIX
+
+    def present(key, timeout_s=0.001):
+      try:
+        store.get(key, timeout_s)
+        return True
+      except kv_store.KeyMissing:
+        return False
+    # Keys expected present get a generous timeout (a loaded machine's RPC
+    # can take over 1 ms); absent ones a short one (a leak is thousands).
+    kept = range(max(0, rounds - membership.KEEP_ROUNDS), rounds)
+    result["old_decisions"] = sum(present(f"{p}d/{r}")
+                                  for r in range(kept.start))
+    result["kept_decisions"] = sum(present(f"{p}d/{r}", 5.0) for r in kept)
+    result["arrivals"] = sum(present(f"{p}a/{r}/{w}")
+                             for r in range(rounds + 5)
+                             for w in range(strategy.num_workers))
+    result["agreements"] = sum(present(f"{agreement.PREFIX}{r}/0", 0.1)
+                               for r in range(rounds + 5))
+  _write(params, strategy, result)
+
+
+SCENARIOS = {f.__name__: f for f in (fit, sync_equivalence, custom_loop,
+                                     soak)}
 
 if __name__ == "__main__":
   SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
