@@ -9,10 +9,19 @@ then deletes older weight files. A crash at any point leaves `last.json`
 naming a complete weights file: the previous checkpoint, or the new one.
 Keras' `save_weights` includes the optimizer's variables, so a resumed run
 continues the optimizer's step count and slots.
+
+`restore` also tells the strategy to keep round states here: a worker that
+loses a peer inside an averaging collective saves its model first
+(round_state.py), and a restart resumes from whichever is newer, that or
+the epoch checkpoint, losing at most the round in flight. Keras cannot
+start mid-epoch: resumed from a round state, training restarts the
+interrupted epoch's data with the mid-epoch model.
 """
 
 import json
 import os
+
+from oscars_tf import round_state
 
 STATE = "last.json"
 
@@ -41,6 +50,7 @@ def save(model, directory, epoch):
     if old.endswith(".weights.h5") and old.startswith("epoch-") and (
         old != name):
       os.remove(os.path.join(directory, old))
+  round_state.remove_superseded(directory, int(epoch))
 
 
 def latest(directory):
@@ -52,13 +62,27 @@ def latest(directory):
     return json.load(f)
 
 
+def newest(directory):
+  """The state `restore` resumes from, or None: the last epoch checkpoint's
+  dict, or a round state taken after it (round_state.newest; it has a
+  `worker` key)."""
+  return round_state.newest(directory, latest(directory))
+
+
 def restore(model, directory, strategy=None):
-  """Loads the last checkpoint into `model`; returns its epoch (0: none).
+  """Loads the newest saved state into `model`; returns the epoch to
+  resume at (0: none). From a round state that is the epoch it
+  interrupted.
 
   The optimizer's slots are built first (under `strategy`'s scope when
-  given) so that their saved values load too.
+  given) so that their saved values load too. An OscarsStrategy keeps its
+  round states in `directory` from now on (see the module docstring).
   """
-  state = latest(directory)
+  keep = getattr(getattr(strategy, "extended", None), "keep_round_state",
+                 None)
+  if directory and keep is not None:
+    keep(model, directory)
+  state = newest(directory)
   if state is None:
     return 0
   optimizer = getattr(model, "optimizer", None)

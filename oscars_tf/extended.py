@@ -34,11 +34,11 @@ from oscars_tf import kv_store
 from oscars_tf import membership as membership_lib
 from oscars_tf import multi_worker_roles
 from oscars_tf import replicas
+from oscars_tf import round_state
 from oscars_tf import rounds as rounds_lib
 from oscars_tf import startup
 from oscars_tf.replicas import component_variables as _component_variables
 from oscars_tf.replicas import is_float as _is_float
-
 
 
 def _inside_while_loop():
@@ -97,6 +97,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user
+    self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
     self._round_starts = {}       # FedNova: round-start copies per variable
     self._outer_state = {}        # outer optimizer: (start, momentum) copies
@@ -241,9 +242,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
     def write(values, is_global):
       if outer:  # at global syncs the averaged update takes an outer step
-        values = tf.cond(is_global,
-                         lambda: self._outer_step(values, *outer),
-                         lambda: [tf.identity(v) for v in values])
+        values = tf.cond(
+            is_global, lambda: replicas.outer_step(self._outer, values, *outer),
+            lambda: [tf.identity(v) for v in values])
       return replicas.write_values(variables, values, starts)
 
     return self._rounds.round_end_ops(
@@ -260,20 +261,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
              if _is_float(v) for c in _component_variables(v)]
     return tf.group([c.assign(tf.where(tf.math.is_finite(c), c,
                                        tf.zeros_like(c))) for c in slots])
-
-  def _outer_step(self, averaged, starts, momenta):
-    """SlowMo / DiLoCo: momentum on the outer gradient start - average."""
-    o = self._outer
-    out, updates = [], []
-    for avg, start, m in zip(averaged, starts, momenta):
-      delta = start - avg
-      m_new = o.momentum * m + delta
-      step = delta + o.momentum * m_new if o.nesterov else m_new
-      new = start - o.learning_rate * step
-      updates += [m.assign(m_new), start.assign(new)]
-      out.append(new)
-    with tf.control_dependencies(updates):
-      return [tf.identity(v) for v in out]
 
   @staticmethod
   def _key(variables):
@@ -321,10 +308,19 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def peer_errors_explained(self, what, collectives_only=False):
     """A context in which a failed collective raises PeerTimeoutError or
-    WorkerLostError saying what happened at `what` (see averaging)."""
-    return averaging.peer_errors_explained(
-        what, self._cluster.worker_index, self._cluster.num_workers,
-        self._averager.timeout, collectives_only)
+    WorkerLostError saying what happened at `what` (see averaging), once
+    the round state is saved (see keep_round_state)."""
+    return round_state.saved_when_peer_lost(self._round_state, (
+        averaging.peer_errors_explained(
+            what, self._cluster.worker_index, self._cluster.num_workers,
+            self._averager.timeout, collectives_only)))
+
+  def keep_round_state(self, model, directory):
+    """From now on a lost peer makes this worker save `model` and its
+    position in `directory` first (see round_state; checkpoint.restore)."""
+    if self._cluster.is_multi_worker:
+      self._round_state = round_state.Keeper(
+          model, directory, self._cluster.worker_index, self._rounds)
 
   @contextlib.contextmanager
   def unsharded(self):

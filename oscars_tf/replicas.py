@@ -74,6 +74,21 @@ def write_values(variables, values, starts=None):
   return tf.group(ops)
 
 
+def outer_step(outer, averaged, starts, momenta):
+  """SlowMo / DiLoCo: momentum on the outer gradient start - average;
+  `outer` is a schedules.OuterMomentum. Returns the new values."""
+  out, updates = [], []
+  for avg, start, m in zip(averaged, starts, momenta):
+    delta = start - avg
+    m_new = outer.momentum * m + delta
+    step = delta + outer.momentum * m_new if outer.nesterov else m_new
+    new = start - outer.learning_rate * step
+    updates += [m.assign(m_new), start.assign(new)]
+    out.append(new)
+  with tf.control_dependencies(updates):
+    return [tf.identity(v) for v in out]
+
+
 class LocalSGDReplicas:
   """Mixin for the extended: replica-context reductions stay per replica.
 
