@@ -7,6 +7,7 @@ in TF 2.21. Under OscarsStrategy the epoch is the strategy's
 equal share of the data set's steps.
 """
 
+import contextlib
 import math
 import signal
 import threading
@@ -19,6 +20,16 @@ import tensorflow as tf
 
 def _is_oscars(strategy):
   return hasattr(strategy, "begin_epoch") and hasattr(strategy, "epoch_over")
+
+
+def _peer_errors(strategy):
+  """Under OscarsStrategy, a collective that fails because a peer is lost
+  raises WorkerLostError, once the worker saved its round state (as in
+  `fit`; see oscars_tf.round_state)."""
+  if not _is_oscars(strategy):
+    return contextlib.nullcontext()
+  return strategy.extended.peer_errors_explained("an averaging point",
+                                                 collectives_only=True)
 
 
 def worker_of(strategy):
@@ -97,34 +108,35 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
   cluster_steps = math.ceil(len(x) / batch_size)
   losses, step = [], 0
   stats = {"simulated_s": 0.0, "steps": 0}
-  for epoch in range(initial_epoch, epochs):
-    total, count = 0.0, 0
+  with _peer_errors(strategy):
+    for epoch in range(initial_epoch, epochs):
+      total, count = 0.0, 0
+      if oscars:
+        strategy.begin_epoch(cluster_steps, epoch)
+        more = lambda: not strategy.epoch_over
+      else:
+        share = math.ceil(cluster_steps / num_workers)
+        more = lambda: count < share  # pylint: disable=cell-var-from-loop
+      while more():
+        if simulate is not None:
+          delay = simulate(worker, step)
+          if delay > 0:
+            time.sleep(delay)
+            stats["simulated_s"] += delay
+        total += float(train_step(iterator))
+        count += 1
+        step += 1
+        if step == 1 and on_first_step is not None:
+          on_first_step()
+      if oscars:
+        strategy.sync()
+      losses.append(total / max(count, 1))
+      if on_epoch_end is not None:
+        on_epoch_end(epoch, losses[-1])
+      if oscars and strategy.cluster_epoch(epoch) >= epochs - 1:
+        break  # rejoined after a stall: the cluster is at its last epoch
     if oscars:
-      strategy.begin_epoch(cluster_steps, epoch)
-      more = lambda: not strategy.epoch_over
-    else:
-      share = math.ceil(cluster_steps / num_workers)
-      more = lambda: count < share  # pylint: disable=cell-var-from-loop
-    while more():
-      if simulate is not None:
-        delay = simulate(worker, step)
-        if delay > 0:
-          time.sleep(delay)
-          stats["simulated_s"] += delay
-      total += float(train_step(iterator))
-      count += 1
-      step += 1
-      if step == 1 and on_first_step is not None:
-        on_first_step()
-    if oscars:
-      strategy.sync()
-    losses.append(total / max(count, 1))
-    if on_epoch_end is not None:
-      on_epoch_end(epoch, losses[-1])
-    if oscars and strategy.cluster_epoch(epoch) >= epochs - 1:
-      break  # rejoined after a stall: the cluster is at its last epoch
-  if oscars:
-    strategy.end_training()
+      strategy.end_training()
   stats["steps"] = step
   return losses, stats
 

@@ -8,7 +8,9 @@ Strategy flags (--strategy, --period, --period_rule, ...) come from
 worker. With --checkpoint_dir, the chief saves the averaged model, the
 optimizer and the outer optimizer's state after every epoch (atomically) and a
 later run resumes from the last one (every worker reads it: use a shared file
-system across hosts).
+system across hosts); a worker whose collective fails because a peer died
+saves its own model there first, and the restarted job resumes from whichever
+is newer (oscars_tf.checkpoint).
 --result_json gets the final metrics, the wall time, the accuracy after every
 epoch and every worker's step counts.
 
@@ -20,6 +22,8 @@ import hashlib
 import json
 import sys
 import time
+
+STARTED_AT = time.time()  # before the imports: to measure a restart's cost
 
 from absl import app
 from absl import flags
@@ -45,8 +49,9 @@ flags.DEFINE_enum("loop", "auto", ["auto", "fit", "custom"],
 flags.DEFINE_integer("num_samples", 8192, "Examples of --dataset=synthetic.",
                      lower_bound=2)
 flags.DEFINE_integer("seed", 0, "Seed of data shuffling and initial weights.")
-flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch; resume "
-                    "from the last checkpoint here.")
+flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch (and, "
+                    "on every worker, when a peer is lost inside a "
+                    "collective); resume from the newest state here.")
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
 flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
                      "that a run resumed from a checkpoint ends with the "
@@ -160,11 +165,12 @@ def main(argv):
     model.compile(optimizer=_optimizer(keras),
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True), metrics=["accuracy"])
+  resumed_from = checkpoint.newest(FLAGS.checkpoint_dir)
   initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
-  if initial_epoch:
-    logging.info("resumed from %s at epoch %d, optimizer step %d",
-                 FLAGS.checkpoint_dir, initial_epoch,
-                 int(model.optimizer.iterations.numpy()))
+  if resumed_from:
+    logging.info("resumed from %s (%s) at epoch %d, optimizer step %d",
+                 FLAGS.checkpoint_dir, resumed_from["weights"],
+                 initial_epoch, int(model.optimizer.iterations.numpy()))
 
   # Training time starts after the first step: tracing and the initial
   # broadcast are start-up, the same for every strategy, not training.
@@ -173,6 +179,7 @@ def main(argv):
   def start_clock():
     if clock["start"] is None:
       clock["start"] = time.monotonic()
+      clock["first_step_at"] = time.time()  # to measure a restart's cost
       clock["steps0"] = int(model.optimizer.iterations.numpy())
 
   def train_time():
@@ -252,6 +259,9 @@ def main(argv):
         "model": FLAGS.model, "workers": num_workers,
         "batch_size_per_worker": FLAGS.batch_size,
         "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
+        # The saved state this run started from (checkpoint.newest), if any.
+        "resumed_from": resumed_from,
+        "started_at": STARTED_AT, "first_step_at": clock.get("first_step_at"),
         "test_accuracy": accuracy, "test_loss": test_loss,
         # Equal digests: bit-identical final weights (see --deterministic).
         "weights_sha256": hashlib.sha256(b"".join(

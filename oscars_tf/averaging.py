@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from oscars_tf import fault_injection
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
@@ -109,7 +110,7 @@ class GroupAverager:
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
-    previous = []
+    previous = fault_injection.before_collective()  # [] outside tests
     for pack_index, indices in enumerate(_packs(tensors)):
       assert pack_index < _MAX_PACKS
       dtype = tensors[indices[0]].dtype

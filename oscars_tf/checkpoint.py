@@ -11,6 +11,14 @@ complete files: the previous checkpoint, or the new one. Keras'
 `save_weights` includes the optimizer's variables, so a resumed run
 continues the optimizer's step count and slots; the outer optimizer's start
 and momentum (`OscarsStrategy.outer_state`) resume too.
+
+`restore` also tells the strategy to keep round states here: a worker that
+loses a peer inside an averaging collective saves its model first
+(round_state.py), and a restart resumes from whichever is newer, that or
+the epoch checkpoint, losing at most the round in flight. Keras cannot
+start mid-epoch: resumed from a round state, training restarts the
+interrupted epoch's data with the mid-epoch model. (A round state holds no
+outer optimizer state: its momentum restarts at zero.)
 """
 
 import json
@@ -18,6 +26,8 @@ import os
 
 import numpy as np
 from absl import logging
+
+from oscars_tf import round_state
 
 STATE = "last.json"
 
@@ -66,6 +76,7 @@ def save(model, directory, epoch, strategy=None):
     if old.startswith("epoch-") and old not in (name, state.get("outer")) and (
         old.endswith(".weights.h5") or old.endswith(".outer.npz")):
       os.remove(os.path.join(directory, old))
+  round_state.remove_superseded(directory, int(epoch))
 
 
 def latest(directory):
@@ -77,14 +88,29 @@ def latest(directory):
     return json.load(f)
 
 
+def newest(directory):
+  """The state `restore` resumes from, or None: the last epoch checkpoint's
+  dict, or a round state taken after it (round_state.newest; it has a
+  `worker` key)."""
+  return round_state.newest(directory, latest(directory))
+
+
 def restore(model, directory, strategy=None):
-  """Loads the last checkpoint into `model`; returns its epoch (0: none).
+  """Loads the newest saved state into `model`; returns the epoch to
+  resume at (0: none). From a round state that is the epoch it
+  interrupted.
 
   The optimizer's slots are built first (under `strategy`'s scope when
   given) so that their saved values load too. The outer optimizer's state
   goes to `strategy` (used when its state is created, at the first step).
+  An OscarsStrategy keeps its round states in `directory` from now on (see
+  the module docstring).
   """
-  state = latest(directory)
+  keep = getattr(getattr(strategy, "extended", None), "keep_round_state",
+                 None)
+  if directory and keep is not None:
+    keep(model, directory)
+  state = newest(directory)
   if state is None:
     return 0
   optimizer = getattr(model, "optimizer", None)

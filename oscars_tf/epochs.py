@@ -9,29 +9,52 @@ of its own until every member is out of data (see planner.with_arrivals).
 Whatever the input, no worker waits at a collective another never reaches.
 """
 
+import atexit
+import os
 import sys
 import threading
 
 from absl import logging
 
+from oscars_tf import errors
 from oscars_tf import schedules as schedules_lib
 
 
 _uncaught_error = threading.Event()
+_peer_lost = threading.Event()
 
 
 def note_uncaught_errors():
-  """Remembers that the process is ending on an uncaught error (the hook is
-  installed once per process)."""
+  """Remembers that the process is ending on an uncaught error, and makes
+  one that is a WorkerLostError exit with errors.PEER_LOST_EXIT_CODE (the
+  hook is installed once per process)."""
   previous = sys.excepthook
   if getattr(previous, "_oscars_notes_errors", False):
     return
 
-  def hook(*args):
+  def hook(exc_type, exc, tb):
     _uncaught_error.set()
-    previous(*args)
+    if isinstance(exc, errors.WorkerLostError):
+      _peer_lost.set()
+    previous(exc_type, exc, tb)
   hook._oscars_notes_errors = True  # pylint: disable=protected-access
   sys.excepthook = hook
+  # Registered before the strategy's own exit handlers, so it runs after
+  # them (atexit is last in, first out).
+  atexit.register(_exit_if_peer_lost)
+
+
+def _exit_if_peer_lost():
+  # After an uncaught exception Python exits with 1 whatever atexit does;
+  # only os._exit sets another code. It also skips TensorFlow's teardown,
+  # which has nothing to save once the collectives are aborted.
+  if _peer_lost.is_set():
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):
+        pass
+    os._exit(errors.PEER_LOST_EXIT_CODE)
 
 
 class Epochs:

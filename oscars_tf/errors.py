@@ -1,5 +1,10 @@
 """Errors raised for user mistakes and cluster faults, with clear messages."""
 
+# A worker process that ends on an uncaught WorkerLostError exits with this
+# code (sysexits' EX_TEMPFAIL): its collectives failed because a peer was
+# lost, so a restart of the job can go on (oscars-launch does it).
+PEER_LOST_EXIT_CODE = 75
+
 
 class OscarsError(RuntimeError):
   """Base class of the errors oscars_tf raises on purpose."""

@@ -36,11 +36,11 @@ from oscars_tf import multi_worker_roles
 from oscars_tf import observability
 from oscars_tf import outer as outer_lib
 from oscars_tf import replicas
+from oscars_tf import round_state
 from oscars_tf import rounds as rounds_lib
 from oscars_tf import startup
 from oscars_tf.replicas import component_variables as _component_variables
 from oscars_tf.replicas import is_float as _is_float
-
 
 
 def _inside_while_loop():
@@ -100,6 +100,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._tracked = None          # (model, optimizer) registered by Keras/user
+    self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
     self._round_starts = {}       # FedNova: round-start copies per variable
     self._sync_functions = {}
@@ -306,10 +307,19 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def peer_errors_explained(self, what, collectives_only=False):
     """A context in which a failed collective raises PeerTimeoutError or
-    WorkerLostError saying what happened at `what` (see averaging)."""
-    return averaging.peer_errors_explained(
-        what, self._cluster.worker_index, self._cluster.num_workers,
-        self._averager.timeout, collectives_only)
+    WorkerLostError saying what happened at `what` (see averaging), once
+    the round state is saved (see keep_round_state)."""
+    return round_state.saved_when_peer_lost(self._round_state, (
+        averaging.peer_errors_explained(
+            what, self._cluster.worker_index, self._cluster.num_workers,
+            self._averager.timeout, collectives_only)))
+
+  def keep_round_state(self, model, directory):
+    """From now on a lost peer makes this worker save `model` and its
+    position in `directory` first (see round_state; checkpoint.restore)."""
+    if self._cluster.is_multi_worker:
+      self._round_state = round_state.Keeper(
+          model, directory, self._cluster.worker_index, self._rounds)
 
   @contextlib.contextmanager
   def unsharded(self):

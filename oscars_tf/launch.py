@@ -11,7 +11,10 @@ the chief killed by a signal is lost: the others drop it and go on
 (--keep_going). When the chief dies or a worker fails with an error, the
 others are stopped and the launcher exits non-zero with a message naming
 the worker; with --restarts=K it starts all workers again instead, up to K
-times, and training resumes from its last checkpoint.
+times, and training resumes from its last checkpoint. A worker killed
+inside an averaging collective aborts the others' collectives: they save
+their state and exit with code 75, and the launcher restarts the job by
+itself (--lost_peer_restarts), resuming from that state.
 
 No worker outlives the launcher: SIGTERM, SIGINT (Ctrl-C) and SIGHUP are
 forwarded to every worker's process group, SIGKILL follows after
@@ -42,7 +45,8 @@ DESCRIPTION = (
 # --help lists the flags in these sections, in this order.
 SECTIONS = (
     ("cluster", ("num_workers", "timeout", "tf_log_level")),
-    ("recovery", ("keep_going", "restarts", "grace_seconds")),
+    ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
+                  "grace_seconds")),
     ("networking", ("network", "host")),
     ("emulation", ("simulate_step_time",)),
 )
@@ -79,6 +83,16 @@ def define_flags(flag_values=FLAGS):
                        "averaged checkpoint if the workers save one, e.g. "
                        "examples/train.py --checkpoint_dir).", lower_bound=0,
                        **fv)
+  flags.DEFINE_integer("lost_peer_restarts", 3, "When a worker other than "
+                       "the chief is killed by a signal while the others "
+                       "average with it, TensorFlow aborts their collectives "
+                       "for good: they save their state (examples/train.py "
+                       "--checkpoint_dir) and exit with code 75. Then start "
+                       "all workers again, up to this many times (not counted "
+                       "in the restarts flag's budget); training resumes "
+                       "from the newest saved state (at most the round in "
+                       "flight is lost). 0: only the restarts flag restarts.",
+                       lower_bound=0, **fv)
   flags.DEFINE_float("grace_seconds", 10.0, "How long workers get to exit "
                      "after the launcher signals them (SIGTERM when a worker "
                      "fails or on --timeout; the signal itself when the "
@@ -186,22 +200,37 @@ def _run(command):
   _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
+  restarts = lost_peer_restarts = 0
   with Signals() as signals:
-    for attempt in range(FLAGS.restarts + 1):
+    while True:
       # A new job, on new ports: the old ones may still be in TIME_WAIT.
+      attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
                 env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)))
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
       codes, failed = job.wait(left, FLAGS.grace_seconds,
                                keep_going=FLAGS.keep_going, interrupt=signals)
-      if (signals.received or failed in (None, "timeout") or
-          attempt == FLAGS.restarts):
+      if signals.received or failed in (None, "timeout"):
         break
+      if (FLAGS.keep_going and job.lost_a_peer(failed) and
+          lost_peer_restarts < FLAGS.lost_peer_restarts):
+        lost_peer_restarts += 1
+        dead = sorted(i for i, c in job.exited.items() if c < 0)
+        print(f"oscars-launch: worker(s) {dead} killed by a signal while "
+              f"the others averaged with them: their collectives failed "
+              f"(exit code {codes[failed]}); restarting all "
+              f"{FLAGS.num_workers} workers from the newest saved state "
+              f"(lost-peer restart {lost_peer_restarts} of "
+              f"{FLAGS.lost_peer_restarts}).", file=sys.stderr)
+        continue
+      if restarts == FLAGS.restarts:
+        break
+      restarts += 1
       print(f"oscars-launch: worker {failed} "
             f"{describe_exit(codes[failed])}; stopped the others; "
             f"restarting all {FLAGS.num_workers} workers (restart "
-            f"{attempt + 1} of {FLAGS.restarts}).", file=sys.stderr)
+            f"{restarts} of {FLAGS.restarts}).", file=sys.stderr)
   if signals.received:
     late = (f"; SIGKILL to worker(s) {job.killed}, still running "
             f"{FLAGS.grace_seconds:g}s after it" if job.killed else "")

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from oscars_tf.errors import PEER_LOST_EXIT_CODE
+
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -141,6 +143,7 @@ class Job:
     self.procs = []
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
+    self.exited = {}  # worker -> exit code, of those that ended by themselves
     self._threads = []
     # Two pipes, each pumped by whole lines: a log line on stderr is never
     # glued onto a progress bar's unfinished line on stdout. A capturing
@@ -173,8 +176,10 @@ class Job:
     then SIGKILL after `grace` seconds. With `keep_going`, a worker other
     than the chief that is killed by a signal (SIGKILL, an OOM kill, a
     crash) is *lost* instead: the others drop it at their next round end and
-    go on (see `lost`). A worker that exits with an error code still ends
-    the job, since that is a bug or a bad input every worker may share.
+    go on (see `lost`); so is one that exits with PEER_LOST_EXIT_CODE (it
+    lost a peer inside a collective, see `lost_a_peer`). A worker that exits
+    with another error code still ends the job, since that is a bug or a
+    bad input every worker may share.
     Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
     Signals) has received a signal, every worker gets that signal, then
     SIGKILL after `grace`, and failed is "signal"; a further signal cuts
@@ -189,8 +194,8 @@ class Job:
         break
       codes = [p.poll() for p in self.procs]
       for i, c in enumerate(codes):
-        if (keep_going and i > 0 and c is not None and c < 0 and
-            i not in self.lost):
+        if (keep_going and i > 0 and c is not None and
+            (c < 0 or c == PEER_LOST_EXIT_CODE) and i not in self.lost):
           self.lost[i] = (c, time.monotonic() - t0)
           print(f"oscars-launch: worker {i} {describe_exit(c)}; the others "
                 "go on without it.", file=sys.stderr)
@@ -205,6 +210,7 @@ class Job:
         failed = "timeout"
         break
       time.sleep(poll)
+    self.exited = {i: c for i, c in enumerate(codes) if c is not None}
     if failed is not None:
       seen = interrupt.count if interrupt is not None else 0
       self.stop(grace, interrupt.received if failed == "signal" else
@@ -213,6 +219,17 @@ class Job:
     for t in self._threads:
       t.join(timeout=5)
     return [p.poll() for p in self.procs], failed
+
+  def lost_a_peer(self, failed):
+    """Whether the job ended only because a peer was lost inside a
+    collective: a worker was killed by a signal, and the chief (`failed`)
+    and any other that exited did so with PEER_LOST_EXIT_CODE, their
+    collectives aborted by that death (see README, Reliability)."""
+    codes = self.exited
+    return (failed == 0 and codes.get(0) == PEER_LOST_EXIT_CODE and
+            any(c < 0 for c in codes.values()) and
+            all(c in (0, PEER_LOST_EXIT_CODE) or c < 0
+                for c in codes.values()))
 
   def stop(self, grace=10.0, sig=signal.SIGTERM, hurry=None):
     """Sends `sig` to every live worker's process group, then SIGKILL.
@@ -245,6 +262,8 @@ def _signal_group(proc, sig):
 
 
 def describe_exit(code):
+  if code == PEER_LOST_EXIT_CODE:
+    return f"exited with code {code} (a peer was lost in a collective)"
   if code is not None and code < 0:
     try:
       return f"was killed by {signal.Signals(-code).name}"

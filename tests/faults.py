@@ -47,14 +47,15 @@ def wait_for(predicate, timeout, what, launcher=None):
   raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def launch(num_workers, train_args, launcher_args=(), prefix=None):
-  """Starts `oscars-launch ... -- python train.py ...`; returns the Popen."""
+def launch(num_workers, train_args, launcher_args=(), prefix=None, env=None):
+  """Starts `oscars-launch ... -- python train.py ...`; returns the Popen.
+  `env`: variables added to the job's environment."""
   command = [sys.executable, "-m", "oscars_tf.launch",
              f"--num_workers={num_workers}", "--grace_seconds=2",
              *launcher_args, "--", sys.executable, TRAIN, *train_args]
   return subprocess.Popen(command, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
-                          env=multiworker.worker_env(),
+                          env=multiworker.worker_env(env),
                           start_new_session=True, cwd=prefix)
 
 
@@ -75,11 +76,16 @@ def kill(launcher):
 
 def epoch_of(checkpoint_dir):
   """The epoch of the chief's latest checkpoint (0 before the first)."""
+  return checkpoint_of(checkpoint_dir).get("epoch", 0)
+
+
+def checkpoint_of(checkpoint_dir):
+  """The chief's latest checkpoint's state (last.json), or {}."""
   path = pathlib.Path(checkpoint_dir) / "last.json"
   try:
-    return json.loads(path.read_text())["epoch"]
-  except (OSError, ValueError, KeyError):
-    return 0
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return {}
 
 
 def settled_accuracy(result, last=3):

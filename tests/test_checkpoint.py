@@ -1,5 +1,7 @@
-"""Checkpoints are atomic: a crash while writing leaves the previous one."""
+"""Checkpoints and round states are atomic (a crash while writing leaves
+the previous one), and a restart resumes from the newest of them."""
 
+import contextlib
 import json
 import os
 
@@ -7,6 +9,8 @@ import numpy as np
 import pytest
 
 from oscars_tf import checkpoint
+from oscars_tf import errors
+from oscars_tf import round_state
 
 
 def _model(seed):
@@ -176,3 +180,130 @@ def test_a_crash_while_saving_the_outer_state_leaves_the_previous_one(
   for got, want in zip(resumed.outer_state()[0], before[0]):
     for a, b in zip(got, want):
       np.testing.assert_array_equal(a, b)
+
+
+def _position(worker, epoch, step, **extra):
+  return dict(worker=worker, epoch=epoch, round=3, optimizer_step=step,
+              **extra)
+
+
+def test_restore_prefers_a_round_state_taken_after_the_epoch_checkpoint(
+    tmp_path):
+  epoch_model, round_model = _model(1), _model(2)
+  checkpoint.save(epoch_model, str(tmp_path), epoch=2)
+  # Worker 0 lost a peer in epoch index 2, the one after the checkpoint.
+  round_state.save(round_model, str(tmp_path), _position(0, 2, 40))
+  fresh = _model(7)
+  assert checkpoint.restore(fresh, str(tmp_path)) == 2
+  for a, b in zip(_weights(round_model), _weights(fresh)):
+    np.testing.assert_array_equal(a, b)
+  assert int(fresh.optimizer.iterations.numpy()) == int(
+      round_model.optimizer.iterations.numpy())
+  assert checkpoint.newest(str(tmp_path))["weights"] == (
+      "round-w0-step40.weights.h5")
+
+
+def test_the_newest_state_wins_and_ties_go_to_the_lowest_worker(tmp_path):
+  model, d = _model(1), str(tmp_path)
+  checkpoint.save(model, d, epoch=3)
+  for worker, epoch, step in [(1, 2, 90),   # before the checkpoint: stale
+                              (2, 3, 70), (3, 3, 75), (4, 3, 75)]:
+    round_state.save(model, d, _position(worker, epoch, step))
+  assert checkpoint.newest(d)["worker"] == 3
+  round_state.save(model, d, _position(5, 4, 1))  # a later epoch wins
+  assert checkpoint.newest(d)["worker"] == 5
+  # A worker's new state replaces its old one (and its weights file).
+  round_state.save(model, d, _position(2, 4, 9))
+  assert checkpoint.newest(d)["worker"] == 2
+  assert not (tmp_path / "round-w2-step70.weights.h5").exists()
+  # With no round state newer than it, the epoch checkpoint.
+  assert round_state.newest(d, {"epoch": 5, "weights": "x"})["weights"] == "x"
+
+
+def test_an_epoch_checkpoint_deletes_the_round_states_it_supersedes(tmp_path):
+  model, d = _model(1), str(tmp_path)
+  round_state.save(model, d, _position(0, 1, 20))
+  round_state.save(model, d, _position(1, 2, 30))
+  checkpoint.save(model, d, epoch=2)
+  assert [s["worker"] for s in round_state.states(d)] == [1]
+  checkpoint.save(model, d, epoch=3)
+  assert round_state.states(d) == []
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "epoch-3.weights.h5", "last.json"]
+
+
+@pytest.mark.parametrize("crash_at", ["weights_write", "weights_rename",
+                                      "state_write", "state_rename"])
+def test_a_crash_while_saving_a_round_state_leaves_the_previous_one(
+    tmp_path, monkeypatch, crash_at):
+  old, new, d = _model(1), _model(2), str(tmp_path)
+  round_state.save(old, d, _position(0, 1, 10))
+  real_replace = os.replace
+
+  def crash(*args, **kwargs):
+    raise OSError("simulated crash")
+
+  if crash_at == "weights_write":
+    monkeypatch.setattr(new, "save_weights", crash)
+  elif crash_at == "weights_rename":
+    monkeypatch.setattr(os, "replace", lambda a, b: (
+        crash() if b.endswith(".weights.h5") else real_replace(a, b)))
+  elif crash_at == "state_write":
+    monkeypatch.setattr(json, "dump", crash)
+  else:
+    monkeypatch.setattr(os, "replace", lambda a, b: (
+        crash() if b.endswith(".json") else real_replace(a, b)))
+  with pytest.raises(OSError, match="simulated crash"):
+    round_state.save(new, d, _position(0, 1, 11))
+  monkeypatch.undo()
+  assert checkpoint.newest(d)["optimizer_step"] == 10
+  restored = _model(5)
+  assert checkpoint.restore(restored, d) == 1
+  for a, b in zip(_weights(old), _weights(restored)):
+    np.testing.assert_array_equal(a, b)
+
+
+class _Rounds:
+  """The parts of rounds.Rounds a Keeper reads."""
+  epoch_index, epoch_offset, round, _last_sync_step = 2, 1, 7, 30
+
+  class local_step:  # noqa: N801 (stands for a tf.Variable)
+    @staticmethod
+    def numpy():
+      return 36
+
+
+def test_a_lost_peer_saves_the_round_state_once_and_the_error_goes_on(
+    tmp_path):
+  model, d = _model(1), str(tmp_path)
+  keeper = round_state.Keeper(model, d, 1, _Rounds())
+
+  def lose_a_peer():
+    with round_state.saved_when_peer_lost(keeper, contextlib.nullcontext()):
+      with round_state.saved_when_peer_lost(keeper, contextlib.nullcontext()):
+        raise errors.WorkerLostError("a peer is gone")
+
+  with pytest.raises(errors.WorkerLostError) as raised:
+    lose_a_peer()
+  state = raised.value.round_state
+  assert (state["worker"], state["epoch"], state["round"],
+          state["steps_since_average"]) == (1, 3, 7, 6)
+  assert state["optimizer_step"] == int(model.optimizer.iterations.numpy())
+  assert [s["saved_at"] for s in round_state.states(d)] == [state["saved_at"]]
+  # Other errors save nothing.
+  with pytest.raises(ValueError):
+    with round_state.saved_when_peer_lost(keeper, contextlib.nullcontext()):
+      raise ValueError("a bug")
+  assert len(round_state.states(d)) == 1
+
+
+def test_a_keeper_that_cannot_save_lets_the_peer_error_through(tmp_path,
+                                                               monkeypatch):
+  model = _model(1)
+  keeper = round_state.Keeper(model, str(tmp_path / "a"), 0, _Rounds())
+  monkeypatch.setattr(model, "save_weights", lambda path: 1 / 0)
+  assert keeper.save() is None
+  model.layers[0].kernel.assign(np.full((4, 3), np.nan))
+  monkeypatch.undo()
+  assert keeper.save() is None  # non-finite weights are not a state
+  assert round_state.states(str(tmp_path / "a")) == []

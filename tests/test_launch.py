@@ -137,6 +137,68 @@ def test_restarts_are_bounded():
   assert "worker 0 exited with code 5; stopped the other" in proc.stderr
 
 
+# Attempt 0 of a lost peer: worker 1 dies by SIGKILL; worker 0 waits until
+# it is gone (its /proc entry a zombie or reaped), then ends on an uncaught
+# WorkerLostError as a survivor of the collective does (exit code 75, set
+# by the hook the strategy installs). Later attempts finish, unless ALWAYS.
+_LOSE_A_PEER = (
+    "from oscars_tf import epochs, errors; epochs.note_uncaught_errors(); "
+    "a = os.environ['OSCARS_LAUNCH_ATTEMPT']; print('attempt', a); "
+    "d = os.environ['DIR']; lose = a == '0' or 'ALWAYS' in os.environ\n"
+    "def gone(pid):\n"
+    "  try:\n"
+    "    return open(f'/proc/{pid}/stat').read().split(')')[-1].split()[0]"
+    " in 'ZX'\n"
+    "  except OSError:\n"
+    "    return True\n"
+    "if lose and i == 1:\n"
+    "  open(f'{d}/w1-{a}', 'w').write(str(os.getpid())); "
+    "os.kill(os.getpid(), 9)\n"
+    "if lose and i == 0:\n"
+    "  end = time.monotonic() + 20\n"
+    "  while time.monotonic() < end and not (os.path.exists(f'{d}/w1-{a}') "
+    "and open(f'{d}/w1-{a}').read() and gone(open(f'{d}/w1-{a}').read())):\n"
+    "    time.sleep(0.02)\n"
+    "  raise errors.WorkerLostError('worker 0: a peer is gone')\n")
+
+
+def _lose_a_peer(tmp_path, args, always=False):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  if always:
+    env["ALWAYS"] = "1"
+  return _launch(["--num_workers", "2", "--grace_seconds", "1"] + args,
+                 _LOSE_A_PEER, env=env)
+
+
+def test_a_peer_lost_in_a_collective_restarts_the_job_by_itself(tmp_path):
+  proc = _lose_a_peer(tmp_path, [])
+  assert proc.returncode == 0, proc.stderr
+  assert "worker 1 was killed by SIGKILL" in proc.stderr
+  assert "WorkerLostError: worker 0: a peer is gone" in proc.stderr
+  assert "lost-peer restart 1 of 3" in proc.stderr
+  assert "lost-peer restart 2" not in proc.stderr
+  assert proc.stdout.count("attempt 1") == 2
+
+
+def test_lost_peer_restarts_are_bounded_and_other_failures_are_not_restarted(
+    tmp_path):
+  proc = _lose_a_peer(tmp_path, ["--lost_peer_restarts", "1"], always=True)
+  assert proc.returncode == 1
+  assert proc.stderr.count("restarting all 2 workers") == 1
+  assert ("worker 0 exited with code 75 (a peer was lost in a collective); "
+          "stopped the other" in proc.stderr)
+  # Code 75 without a death is no lost peer; --restarts=0 is kept.
+  proc = _launch(["--num_workers", "2", "--grace_seconds", "1"],
+                 "sys.exit(75)")
+  assert proc.returncode == 1 and "restarting" not in proc.stderr
+  # With --nokeep_going a death ends the job (only --restarts restarts).
+  (tmp_path / "nokeep").mkdir()
+  proc = _lose_a_peer(tmp_path / "nokeep", ["--nokeep_going"])
+  assert proc.returncode == 1 and "restarting" not in proc.stderr
+
+
 # A worker that listens like TensorFlow's gRPC server does (0.0.0.0:port),
 # says where, and waits for the test to try it from outside the job.
 _LISTENER = ("import socket; s = socket.socket(); "

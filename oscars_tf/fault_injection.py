@@ -1,0 +1,56 @@
+"""A test-only hook that holds a worker at the entrance of a collective.
+
+    OSCARS_FAULT_HOLD_AT_COLLECTIVE=N:W:DIR
+
+Every worker counts the averaging collectives it enters (each
+`GroupAverager.weighted_sum` that runs). At the N-th, each worker writes
+`DIR/collective-N-w<index>` right before entering it, and worker W then
+stops itself (SIGSTOP). The others are then blocked inside the collective,
+waiting for W, which a test can kill with SIGKILL once every marker is
+there: a death inside a collective, hit every time. Each marker is written
+once, so the restarted job is not held again. Unset (always, outside
+tests), the collectives are built without the hook.
+"""
+
+import json
+import os
+import signal
+
+ENV = "OSCARS_FAULT_HOLD_AT_COLLECTIVE"
+
+_entered = [0]  # collectives this process has entered
+
+
+def _parse(spec):
+  count, worker, directory = spec.split(":", 2)
+  return int(count), int(worker), directory
+
+
+def _worker_index():
+  config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+  return int(config.get("task", {}).get("index", 0))
+
+
+def _enter(spec):
+  count, victim, directory = _parse(spec)
+  _entered[0] += 1
+  if _entered[0] != count:
+    return
+  me = _worker_index()
+  marker = os.path.join(directory, f"collective-{count}-w{me}")
+  if os.path.exists(marker):  # held once already: a restarted job goes on
+    return
+  with open(marker, "w") as f:
+    f.write(str(os.getpid()))
+  if me == victim:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def before_collective():
+  """Ops to run right before a collective: the hook, or none (unset)."""
+  spec = os.environ.get(ENV)
+  if not spec:
+    return []
+  _parse(spec)  # a malformed spec fails at trace time, not mid-training
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return [tf.py_function(lambda: _enter(spec) or 0, [], tf.int32)]
