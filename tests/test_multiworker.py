@@ -238,11 +238,10 @@ def test_a_soak_of_thousands_of_rounds_keeps_the_store_bounded():
   chief = result.outputs[0]
   assert chief["rounds"] >= rounds
   assert chief["old_decisions"] == 0, chief["old_decisions"]
-  assert chief["kept_decisions"] == membership.KEEP_ROUNDS, chief[
-      "kept_decisions"]
+  assert chief["kept_decisions"] == membership.KEEP_ROUNDS, (
+      chief["kept_decisions"], chief["missing_decisions"], chief["rounds"])
   assert chief["arrivals"] == 0, chief["arrivals"]
   assert chief["history"] == min(chief["rounds"], rounds_lib.HISTORY_KEEP)
-  assert 0 < chief["agreements"] <= 3 * 3  # logs and stop votes per epoch
   for out in result.outputs[1:]:
     np.testing.assert_array_equal(out["weights"], chief["weights"])
   print(f"\nsoak: {chief['rounds']} rounds of 3 workers in "
