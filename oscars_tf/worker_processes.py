@@ -176,8 +176,10 @@ class Job:
     then SIGKILL after `grace` seconds. With `keep_going`, a worker other
     than the chief that is killed by a signal (SIGKILL, an OOM kill, a
     crash) is *lost* instead: the others drop it at their next round end and
-    go on (see `lost`); so is one that exits with PEER_LOST_EXIT_CODE (it
-    lost a peer inside a collective, see `lost_a_peer`). A worker that exits
+    go on (see `lost`); so is one that exits with PEER_LOST_EXIT_CODE (a
+    lost peer, e.g. its link was cut) unless a worker died by a signal: it
+    then lost that peer inside a collective and ends the job, to be
+    restarted (see `lost_a_peer`). A worker that exits
     with another error code still ends the job, since that is a bug or a
     bad input every worker may share.
     Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
@@ -193,9 +195,13 @@ class Job:
         failed = "signal"
         break
       codes = [p.poll() for p in self.procs]
-      for i, c in enumerate(codes):
-        if (keep_going and i > 0 and c is not None and
-            (c < 0 or c == PEER_LOST_EXIT_CODE) and i not in self.lost):
+      for i, c in sorted(enumerate(codes), key=lambda ic: (ic[1] or 0) >= 0):
+        # Deaths first: a survivor of the dead worker's collective (75)
+        # then ends the job, to be restarted with the chief (lost_a_peer),
+        # whether or not the chief was in that collective.
+        died = any(code < 0 for code, _ in self.lost.values())
+        if (keep_going and i > 0 and c is not None and i not in self.lost and
+            (c < 0 or (c == PEER_LOST_EXIT_CODE and not died))):
           self.lost[i] = (c, time.monotonic() - t0)
           print(f"oscars-launch: worker {i} {describe_exit(c)}; the others "
                 "go on without it.", file=sys.stderr)
@@ -222,11 +228,13 @@ class Job:
 
   def lost_a_peer(self, failed):
     """Whether the job ended only because a peer was lost inside a
-    collective: a worker was killed by a signal, and the chief (`failed`)
-    and any other that exited did so with PEER_LOST_EXIT_CODE, their
-    collectives aborted by that death (see README, Reliability)."""
+    collective: a worker was killed by a signal, and `failed` (the chief, or
+    another member of that collective) and any other that exited did so
+    with PEER_LOST_EXIT_CODE, their collectives aborted by that death (see
+    README, Reliability)."""
     codes = self.exited
-    return (failed == 0 and codes.get(0) == PEER_LOST_EXIT_CODE and
+    return (isinstance(failed, int) and
+            codes.get(failed) == PEER_LOST_EXIT_CODE and
             any(c < 0 for c in codes.values()) and
             all(c in (0, PEER_LOST_EXIT_CODE) or c < 0
                 for c in codes.values()))

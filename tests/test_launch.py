@@ -145,31 +145,35 @@ _LOSE_A_PEER = (
     "from oscars_tf import epochs, errors; epochs.note_uncaught_errors(); "
     "a = os.environ['OSCARS_LAUNCH_ATTEMPT']; print('attempt', a); "
     "d = os.environ['DIR']; lose = a == '0' or 'ALWAYS' in os.environ\n"
+    "v, s = int(os.environ.get('VICTIM', 1)), int(os.environ.get('MATE', 0))\n"
     "def gone(pid):\n"
     "  try:\n"
     "    return open(f'/proc/{pid}/stat').read().split(')')[-1].split()[0]"
     " in 'ZX'\n"
     "  except OSError:\n"
     "    return True\n"
-    "if lose and i == 1:\n"
+    "if lose and i == v:\n"
     "  open(f'{d}/w1-{a}', 'w').write(str(os.getpid())); "
     "os.kill(os.getpid(), 9)\n"
-    "if lose and i == 0:\n"
+    "if lose and i not in (v, s):\n"
+    "  time.sleep(30)  # outside the failed collective: trains on\n"
+    "if lose and i == s:\n"
     "  end = time.monotonic() + 20\n"
     "  while time.monotonic() < end and not (os.path.exists(f'{d}/w1-{a}') "
     "and open(f'{d}/w1-{a}').read() and gone(open(f'{d}/w1-{a}').read())):\n"
     "    time.sleep(0.02)\n"
-    "  raise errors.WorkerLostError('worker 0: a peer is gone')\n")
+    "  raise errors.WorkerLostError(f'worker {i}: a peer is gone')\n")
 
 
-def _lose_a_peer(tmp_path, args, always=False):
+def _lose_a_peer(tmp_path, args, always=False, workers=2, victim=1, mate=0):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
-      [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+      [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+             VICTIM=str(victim), MATE=str(mate))
   if always:
     env["ALWAYS"] = "1"
-  return _launch(["--num_workers", "2", "--grace_seconds", "1"] + args,
-                 _LOSE_A_PEER, env=env)
+  return _launch(["--num_workers", str(workers), "--grace_seconds", "1"] +
+                 args, _LOSE_A_PEER, env=env)
 
 
 def test_a_peer_lost_in_a_collective_restarts_the_job_by_itself(tmp_path):
@@ -180,6 +184,19 @@ def test_a_peer_lost_in_a_collective_restarts_the_job_by_itself(tmp_path):
   assert "lost-peer restart 1 of 3" in proc.stderr
   assert "lost-peer restart 2" not in proc.stderr
   assert proc.stdout.count("attempt 1") == 2
+
+
+def test_a_peer_lost_in_a_group_collective_without_the_chief_restarts_too(
+    tmp_path):
+  # Worker 2 dies inside a speed group's collective with worker 1; the
+  # chief, in another group, trains on. Worker 1's 75 ends the job, and all
+  # three restart from the newest state (worker 1's round state).
+  proc = _lose_a_peer(tmp_path, [], workers=3, victim=2, mate=1)
+  assert proc.returncode == 0, proc.stderr
+  assert "worker 2 was killed by SIGKILL" in proc.stderr
+  assert "WorkerLostError: worker 1: a peer is gone" in proc.stderr
+  assert "lost-peer restart 1 of 3" in proc.stderr
+  assert proc.stdout.count("attempt 1") == 3
 
 
 def test_lost_peer_restarts_are_bounded_and_other_failures_are_not_restarted(
