@@ -17,8 +17,8 @@ loses a peer inside an averaging collective saves its model first
 (round_state.py), and a restart resumes from whichever is newer, that or
 the epoch checkpoint, losing at most the round in flight. Keras cannot
 start mid-epoch: resumed from a round state, training restarts the
-interrupted epoch's data with the mid-epoch model. (A round state holds no
-outer optimizer state: its momentum restarts at zero.)
+interrupted epoch's data with the mid-epoch model. A round state holds the
+outer optimizer's state too.
 """
 
 import json
@@ -62,11 +62,8 @@ def save(model, directory, epoch, strategy=None):
   outer = _outer_state(strategy)
   if outer is not None:
     state["outer"] = _outer_name(epoch)
-    with open(tmp + ".npz", "wb") as f:
-      np.savez(f, **_to_npz_dict(outer))
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp + ".npz", os.path.join(directory, state["outer"]))
+    write_outer_npz(outer, os.path.join(directory, state["outer"]),
+                    tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
     f.flush()
@@ -140,6 +137,16 @@ def _restore_outer(state, directory, strategy):
   with np.load(os.path.join(directory, state["outer"])) as saved:
     strategy.restore_outer_state(_from_npz_dict(
         {k: saved[k] for k in saved.files}))
+
+
+def write_outer_npz(sets, path, tmp):
+  """Writes outer optimizer state `sets` (see `OscarsStrategy.outer_state`)
+  to `path` through `tmp` and an atomic rename."""
+  with open(tmp, "wb") as f:
+    np.savez(f, **_to_npz_dict(sets))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
 
 
 def _to_npz_dict(sets):

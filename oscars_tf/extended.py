@@ -318,8 +318,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     """From now on a lost peer makes this worker save `model` and its
     position in `directory` first (see round_state; checkpoint.restore)."""
     if self._cluster.is_multi_worker:
+      outer = self._outer
       self._round_state = round_state.Keeper(
-          model, directory, self._cluster.worker_index, self._rounds)
+          model, directory, self._cluster.worker_index, self._rounds,
+          outer_state=lambda: (outer.arrays() if outer.optimizer is not None
+                               else None))
 
   @contextlib.contextmanager
   def unsharded(self):

@@ -37,9 +37,12 @@ def _state_name(worker):
   return f"round-w{worker}.json"
 
 
-def save(model, directory, position):
+def save(model, directory, position, outer=None):
   """Writes `model` and `position` (a dict with `worker` and
-  `optimizer_step`) as the round state of that worker; returns the state."""
+  `optimizer_step`), and the outer optimizer's state `outer` if any (see
+  `OscarsStrategy.outer_state`), as the round state of that worker; returns
+  the state."""
+  from oscars_tf import checkpoint  # pylint: disable=g-import-not-at-top
   worker, step = int(position["worker"]), int(position["optimizer_step"])
   os.makedirs(directory, exist_ok=True)
   name = f"round-w{worker}-step{step}.weights.h5"
@@ -47,6 +50,10 @@ def save(model, directory, position):
   model.save_weights(tmp + ".weights.h5")
   os.replace(tmp + ".weights.h5", os.path.join(directory, name))
   state = dict(position, weights=name)
+  if outer is not None:
+    state["outer"] = f"round-w{worker}-step{step}.outer.npz"
+    checkpoint.write_outer_npz(outer, os.path.join(directory, state["outer"]),
+                               tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
     f.flush()
@@ -54,7 +61,7 @@ def save(model, directory, position):
   os.replace(tmp + ".json", os.path.join(directory, _state_name(worker)))
   prefix = f"round-w{worker}-step"
   for old in os.listdir(directory):  # this worker's superseded weights
-    if old.startswith(prefix) and old != name:
+    if old.startswith(prefix) and old not in (name, state.get("outer")):
       _remove(directory, old)
   return state
 
@@ -108,16 +115,20 @@ def remove_superseded(directory, epoch):
     if int(state["epoch"]) < epoch:
       _remove(directory, _state_name(state["worker"]))  # the name first
       _remove(directory, state["weights"])
+      if state.get("outer"):
+        _remove(directory, state["outer"])
 
 
 class Keeper:
   """Saves one worker's round state when it loses a peer (see `save`)."""
 
-  def __init__(self, model, directory, worker, rounds):
+  def __init__(self, model, directory, worker, rounds, outer_state=None):
+    """`outer_state`: () -> the outer optimizer's state, or None."""
     self.model = model
     self.directory = directory
     self.worker = worker
     self._rounds = rounds
+    self._outer_state = outer_state or (lambda: None)
 
   def position(self):
     r = self._rounds
@@ -145,7 +156,8 @@ class Keeper:
                       "worker's weights are not finite: no round state "
                       "saved.", self.worker)
         return None
-      state = save(self.model, self.directory, self.position())
+      state = save(self.model, self.directory, self.position(),
+                   self._outer_state())
     except Exception as e:  # pylint: disable=broad-except
       logging.error("oscars_tf: worker %d: a peer is lost; could not save "
                     "the round state in %s: %s", self.worker, self.directory,

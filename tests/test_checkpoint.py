@@ -297,6 +297,27 @@ def test_a_lost_peer_saves_the_round_state_once_and_the_error_goes_on(
   assert len(round_state.states(d)) == 1
 
 
+def test_a_round_state_holds_the_outer_optimizer_state(tmp_path):
+  # A restart after a lost peer resumes the outer momentum too.
+  strategy = _outer_strategy()
+  model, d = _bn_model(strategy), str(tmp_path)
+  sets = [([np.full((4, 3), 1.5, np.float32), np.arange(3, dtype=np.float32)],
+           [np.full((4, 3), -0.5, np.float32), np.ones(3, np.float32)])]
+  keeper = round_state.Keeper(model, d, 1, _Rounds(), outer_state=lambda: sets)
+  state = keeper.save()
+  assert os.path.exists(os.path.join(d, state["outer"]))
+  resumed = _outer_strategy()
+  checkpoint.restore(_bn_model(resumed), d, resumed)
+  got = resumed.outer_state()
+  assert len(got) == 1
+  for got_arrays, want_arrays in zip(got[0], sets[0]):
+    for a, b in zip(got_arrays, want_arrays):
+      np.testing.assert_array_equal(a, b)
+  # A newer epoch checkpoint removes the round state, its outer file too.
+  checkpoint.save(model, d, state["epoch"] + 1, strategy)
+  assert not [f for f in os.listdir(d) if f.startswith("round-")]
+
+
 def test_a_keeper_that_cannot_save_lets_the_peer_error_through(tmp_path,
                                                                monkeypatch):
   model = _model(1)
