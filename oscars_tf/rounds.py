@@ -33,6 +33,7 @@ ROW = len(planner.FIELDS)
 FIELD_HEALTHY = planner.FIELDS.index("healthy")
 FIELD_STEPS = planner.FIELDS.index("steps")
 FIELD_EXHAUSTED = planner.FIELDS.index("exhausted")
+FIELD_ROUND = planner.FIELDS.index("round")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
 HISTORY_KEEP = 10_000  # rounds kept in `history` (a long run stays bounded)
@@ -257,6 +258,10 @@ class Rounds:
     for j, r in enumerate(decision.rows):
       if r is not None:
         rows[j, :len(r)] = r[:ROW]
+    # A rejoiner's rate (measured before its stall) is its speed now: as of
+    # this round, or the planner would take it for stale and plan it at the
+    # median after a long stall.
+    rows[list(decision.newcomers), FIELD_ROUND] = self.round
     steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
     exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
     self.plan, self._epoch_agreed = planner.with_arrivals(

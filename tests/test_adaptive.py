@@ -174,7 +174,7 @@ def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
   """Issue 19 items 1 and 3 on real processes, hosts 127.0.0.1 (workers 0,
   1) and 127.0.0.2 (2, 3), every sync global (host by host): worker 1's
   weights turn NaN at epoch 1, and worker 2 (4x slower, its host's leader)
-  stalls 5 s at the end of epoch 2, is dropped and rejoins.
+  stalls 7 s at the end of epoch 2, is dropped and rejoins.
 
   A host-by-host sync that weighed the poisoned member's zeros scaled the
   model by the sound members' share (0.75 here); a rejoiner planned at the
@@ -182,7 +182,7 @@ def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
   result = multiworker.run("fit", 4, dict(
       COMMON, simulate="60ms*1,1,4,1", epochs=10, batch_size=32,
       record=True, validate=False, poison_at_epoch=[1, 1],
-      straggler_timeout=1.5, stall_at_epoch_end=[2, 2, 5.0],
+      straggler_timeout=2.5, stall_at_epoch_end=[2, 2, 7.0],
       adaptive={"global_every": 1, "adaptive_global": False}),
       hosts=["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"])
   outs = result.outputs
@@ -196,13 +196,15 @@ def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
                if r["round"] == poisoned[0])
     ratio = np.linalg.norm(proj[end]) / np.linalg.norm(proj[end - 1])
     assert 0.9 < ratio < 1.1, (w, ratio)  # not scaled down by the sync
-  back = [i for i, r in enumerate(chief) if 2 in r["rejoined"]]
-  assert back and back[0] + 1 < len(chief), [
+  drops = [i for i, r in enumerate(chief) if 2 in r["dropped"]]
+  backs = [i for i, r in enumerate(chief) if 2 in r["rejoined"]]
+  assert drops and len(backs) == len(drops) and backs[-1] + 1 < len(chief), [
       (r["dropped"], r["rejoined"]) for r in chief]
-  dropped = sum(2 in r["dropped"] for r in chief)
-  assert dropped == 1, [r["dropped"] for r in chief]  # no drop/rejoin loop
-  k = chief[back[0] + 1]["planned_all"]
-  assert k[2] <= 0.6 * k[0], k  # planned at its own (slow) rate
+  for b in backs:  # (a loaded machine may drop it once more, elsewhere)
+    k = chief[b + 1]["planned_all"]
+    assert k[2] <= 0.6 * k[0], (k, b, drops)  # planned at its own (slow) rate
+    # ... so it keeps up: no drop/rejoin loop.
+    assert not set(range(b + 1, b + 4)) & set(drops), (b, drops)
   weights = [np.asarray(o["weights"]) for o in outs]
   assert all(np.isfinite(w).all() for w in weights)
   assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)
