@@ -275,7 +275,7 @@ def test_a_rejoined_worker_takes_the_outer_momentum_state():
   # of 1 the difference dies out two global syncs later; below 1, it decays
   # over many.)
   result = multiworker.run("fit", 3, {
-      "stall_at_epoch_end": [2, 0, 5.0], "epochs": 5, "every": 4,
+      "stall_at_epoch_end": [2, 0, 5.0], "epochs": 10, "every": 4,
       "simulate": "50ms", "straggler_timeout": 2.0, "timeout": 60,
       "outer": {"learning_rate": 0.5, "momentum": 0.9}})
   chief = result.outputs[0]
