@@ -97,3 +97,14 @@ def settled_accuracy(result, last=3):
   """
   curve = result["curve"][-last:]
   return sum(c["test_accuracy"] for c in curve) / len(curve)
+
+
+def final_lines(out):
+  """{worker: [test accuracy, loss]} from each train.py worker's last line
+  (in the launcher's "[index] ..." output)."""
+  lines = {}
+  for line in out.splitlines():
+    if "optimizer steps" in line and line.startswith("["):
+      worker = int(line[1:line.index("]")])
+      lines[worker] = line.split(": ", 1)[1].split(", ")[:2]
+  return lines

@@ -38,20 +38,15 @@ def test_save_then_restore_brings_back_weights_and_optimizer(tmp_path):
   assert checkpoint.restore(_model(2), str(tmp_path / "none")) == 0
 
 
-@pytest.mark.parametrize("crash_at", ["weights_write", "weights_rename",
-                                      "state_write", "state_rename"])
-def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path,
-                                                             monkeypatch,
-                                                             crash_at):
-  old, new = _model(1), _model(2)
-  checkpoint.save(old, str(tmp_path), epoch=1)
+def _crash_while_saving(monkeypatch, model, crash_at):
+  """Makes saving `model` fail at `crash_at` (a write or a rename)."""
   real_replace = os.replace
 
   def crash(*args, **kwargs):
     raise OSError("simulated crash")
 
   if crash_at == "weights_write":
-    monkeypatch.setattr(new, "save_weights", crash)
+    monkeypatch.setattr(model, "save_weights", crash)
   elif crash_at == "weights_rename":
     monkeypatch.setattr(os, "replace", lambda a, b: (
         crash() if b.endswith(".weights.h5") else real_replace(a, b)))
@@ -60,6 +55,16 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path,
   else:
     monkeypatch.setattr(os, "replace", lambda a, b: (
         crash() if b.endswith(".json") else real_replace(a, b)))
+
+
+@pytest.mark.parametrize("crash_at", ["weights_write", "weights_rename",
+                                      "state_write", "state_rename"])
+def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path,
+                                                             monkeypatch,
+                                                             crash_at):
+  old, new = _model(1), _model(2)
+  checkpoint.save(old, str(tmp_path), epoch=1)
+  _crash_while_saving(monkeypatch, new, crash_at)
   with pytest.raises(OSError, match="simulated crash"):
     checkpoint.save(new, str(tmp_path), epoch=2)
   monkeypatch.undo()
@@ -238,21 +243,7 @@ def test_a_crash_while_saving_a_round_state_leaves_the_previous_one(
     tmp_path, monkeypatch, crash_at):
   old, new, d = _model(1), _model(2), str(tmp_path)
   round_state.save(old, d, _position(0, 1, 10))
-  real_replace = os.replace
-
-  def crash(*args, **kwargs):
-    raise OSError("simulated crash")
-
-  if crash_at == "weights_write":
-    monkeypatch.setattr(new, "save_weights", crash)
-  elif crash_at == "weights_rename":
-    monkeypatch.setattr(os, "replace", lambda a, b: (
-        crash() if b.endswith(".weights.h5") else real_replace(a, b)))
-  elif crash_at == "state_write":
-    monkeypatch.setattr(json, "dump", crash)
-  else:
-    monkeypatch.setattr(os, "replace", lambda a, b: (
-        crash() if b.endswith(".json") else real_replace(a, b)))
+  _crash_while_saving(monkeypatch, new, crash_at)
   with pytest.raises(OSError, match="simulated crash"):
     round_state.save(new, d, _position(0, 1, 11))
   monkeypatch.undo()

@@ -22,16 +22,6 @@ TRAIN_ARGS = ["--dataset=digits", "--simulate_step_time=100ms",
               f"--straggler_timeout={STRAGGLER_S}", "--collective_timeout=60"]
 
 
-def _final_lines(out):
-  """{worker: "test accuracy ..., loss ..."} from each worker's last line."""
-  lines = {}
-  for line in out.splitlines():
-    if "optimizer steps" in line and line.startswith("["):
-      worker = int(line[1:line.index("]")])
-      lines[worker] = line.split(": ", 1)[1].split(", ")[:2]
-  return lines
-
-
 def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
   # A straggler timeout far above the detection target: the chief must see
   # that the process is gone (its server refuses connections), not wait.
@@ -138,7 +128,7 @@ def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
   assert result["final_members"] == [0, 1, 2]
   # Back with the cluster's model: after the last round all three workers
   # hold the same weights, so their test accuracy and loss agree exactly.
-  finals = _final_lines(out)
+  finals = faults.final_lines(out)
   assert sorted(finals) == [0, 1, 2], out[-2000:]
   assert finals[0] == finals[1] == finals[2], finals
   assert "rejoins at round" in out + err

@@ -48,16 +48,6 @@ def draws(seed, runs):
   return out
 
 
-def _finals(out):
-  """{worker: [test accuracy, loss]} from each worker's last line."""
-  lines = {}
-  for line in out.splitlines():
-    if "optimizer steps" in line and line.startswith("["):
-      worker = int(line[1:line.index("]")])
-      lines[worker] = line.split(": ", 1)[1].split(", ")[:2]
-  return lines
-
-
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory):
   result = tmp_path_factory.mktemp("undisturbed") / "result.json"
@@ -107,7 +97,7 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
   assert job.returncode == 0, (what, err[-3000:])
   result = json.loads(result_path.read_text())
   assert [c["epoch"] for c in result["curve"]][-1] == EPOCHS, what
-  finals = _finals(out)
+  finals = faults.final_lines(out)
   survivors = sorted(result["final_members"])
   dropped = [e["dropped"] for e in result["membership"] if e["dropped"]]
   restarted = "restart" in err
