@@ -18,11 +18,11 @@ setuptools.setup(
         "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn",
                  "selenium", "matplotlib", "pandas", "tf_keras", "ruff"],
     },
-    package_data={"oscars_tf.tensorboard": ["static/*.js"]},
+    package_data={"oscars_tf.observability.dashboard": ["static/*.js"]},
     entry_points={
         "console_scripts": ["oscars-launch=oscars_tf.launch:run"],
         "tensorboard_plugins": [
-            "oscars = oscars_tf.tensorboard.plugin:OscarsPlugin"],
+            "oscars = oscars_tf.observability.dashboard.plugin:OscarsPlugin"],
     },
     license="Apache-2.0",
 )

@@ -25,7 +25,7 @@ def _is_oscars(strategy):
 def _peer_errors(strategy):
   """Under OscarsStrategy, a collective that fails because a peer is lost
   raises WorkerLostError, once the worker saved its round state (as in
-  `fit`; see oscars_tf.round_state)."""
+  `fit`; see oscars_tf.distribute.round_state)."""
   if not _is_oscars(strategy):
     return contextlib.nullcontext()
   return strategy.extended.peer_errors_explained("an averaging point",

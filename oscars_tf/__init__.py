@@ -12,7 +12,7 @@ def __getattr__(name):
   # Lazy so that TensorFlow-free parts (the launcher, the policy) can be
   # imported without paying for, or needing, TensorFlow.
   if name == "OscarsStrategy":
-    from oscars_tf.strategy import OscarsStrategy  # pylint: disable=g-import-not-at-top
+    from oscars_tf.distribute.strategy import OscarsStrategy  # pylint: disable=g-import-not-at-top
     return OscarsStrategy
   raise AttributeError(f"module 'oscars_tf' has no attribute {name!r}")
 

@@ -27,7 +27,7 @@ import os
 import numpy as np
 from absl import logging
 
-from oscars_tf import round_state
+from oscars_tf.distribute import round_state
 
 STATE = "last.json"
 

@@ -31,8 +31,8 @@ import time
 
 from absl import app, flags
 
-from oscars_tf import netns
-from oscars_tf.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
+from oscars_tf.tools import netns
+from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
     FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
 
 FLAGS = flags.FLAGS

@@ -13,7 +13,7 @@ import json
 import math
 import warnings
 
-from oscars_tf import planner
+from oscars_tf.policy import planner
 
 
 def _positive_int(name, value, owner):
@@ -35,7 +35,7 @@ class Schedule:
   """Base class: a deterministic rule for the next round's plan."""
 
   def plan(self, table, round_, state=None):
-    """The `planner.Plan` of round `round_` (state: previous plan's)."""
+    """The `records.Plan` of round `round_` (state: previous plan's)."""
     raise NotImplementedError
 
   def config(self) -> dict:
@@ -300,7 +300,7 @@ class OuterMomentum:
   weights (BatchNorm's moving statistics) and averaged optimizer slots take
   the plain average. A worker that rejoins after it was dropped takes the
   others' start and momentum with the model, and `checkpoint.save(...,
-  strategy=)` saves them (see `oscars_tf/outer.py`).
+  strategy=)` saves them (see `oscars_tf/distribute/outer.py`).
 
   Example:
     OscarsStrategy(outer_optimizer=oscars_tf.schedules.OuterMomentum())

@@ -3,7 +3,7 @@ and a way to run one thread per simulated worker (protocol tests)."""
 
 import threading
 
-from oscars_tf import kv_store
+from oscars_tf.protocol import kv_store
 
 
 class FakeStore:

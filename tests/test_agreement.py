@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from fake_store import FakeStore, run_threads
-from oscars_tf import agreement
+from oscars_tf.protocol import agreement
 from oscars_tf.errors import PeerTimeoutError
 
 

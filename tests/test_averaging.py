@@ -1,4 +1,4 @@
-"""Tests for oscars_tf.averaging.
+"""Tests for oscars_tf.runtime.averaging.
 
 NCCL cannot run on these CPU-only machines: the NCCL paths are tested for the
 choice they make and for the ops they build (traced, never executed).
@@ -7,7 +7,7 @@ choice they make and for the ops they build (traced, never executed).
 import pytest
 import tensorflow as tf
 
-from oscars_tf import averaging
+from oscars_tf.runtime import averaging
 
 
 @pytest.mark.parametrize("requested, types, hosts, expected", [

@@ -10,7 +10,7 @@ import pytest
 
 from oscars_tf import checkpoint
 from oscars_tf import errors
-from oscars_tf import round_state
+from oscars_tf.distribute import round_state
 
 
 def _model(seed):
@@ -255,8 +255,10 @@ def test_a_crash_while_saving_a_round_state_leaves_the_previous_one(
 
 
 class _Rounds:
-  """The parts of rounds.Rounds a Keeper reads."""
-  epoch_index, epoch_offset, round, _last_sync_step = 2, 1, 7, 30
+  """The parts of rounds.Rounds (and its round book) a Keeper reads."""
+
+  class book:  # noqa: N801 (stands for a round_book.RoundBook)
+    epoch_index, epoch_offset, round, last_sync_step = 2, 1, 7, 30
 
   class local_step:  # noqa: N801 (stands for a tf.Variable)
     @staticmethod

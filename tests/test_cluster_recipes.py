@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import oscars_tf
 from oscars_tf import cluster
-from oscars_tf import runtime
+from oscars_tf.runtime import server
 from oscars_tf.errors import ClusterConfigError
 
 RECIPES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "cluster"
@@ -40,7 +40,7 @@ def _clean_env(monkeypatch):
 @pytest.fixture
 def fresh_runtime(monkeypatch):
   """Lets this test's strategy join its own one-worker cluster."""
-  monkeypatch.setattr(runtime, "_started", None)
+  monkeypatch.setattr(server, "_started", None)
 
 
 # --- TF_CONFIG ---------------------------------------------------------------

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from oscars_tf import group_keys
-from oscars_tf import planner
+from oscars_tf.protocol import group_keys
+from oscars_tf.policy import planner
+from oscars_tf.policy import records
 from oscars_tf import schedules
 
 
@@ -61,8 +62,8 @@ def test_speed_groups_stay_put_under_rate_noise_and_follow_a_real_change():
     rates = [b * rng.uniform(0.95, 1.05) for b in base]
     if r >= slow_from:
       rates[5] /= 4  # worker 5 becomes 4x slower
-    table = planner.StepRateTable(
-        tuple(planner.TableEntry(rate=x, round=r) for x in rates),
+    table = records.StepRateTable(
+        tuple(records.TableEntry(rate=x, round=r) for x in rates),
         ("h",) * n)
     p = planner.plan(table, config, r, state)
     state = p.state

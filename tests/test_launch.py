@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from oscars_tf import launch, netns
+from oscars_tf import launch
+from oscars_tf.tools import netns
 
 LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
 WORKER = ("import json, os, sys, time; "
@@ -142,7 +143,8 @@ def test_restarts_are_bounded():
 # WorkerLostError as a survivor of the collective does (exit code 75, set
 # by the hook the strategy installs). Later attempts finish, unless ALWAYS.
 _LOSE_A_PEER = (
-    "from oscars_tf import epochs, errors; epochs.note_uncaught_errors(); "
+    "from oscars_tf import errors; from oscars_tf.distribute import epochs; "
+    "epochs.note_uncaught_errors(); "
     "a = os.environ['OSCARS_LAUNCH_ATTEMPT']; print('attempt', a); "
     "d = os.environ['DIR']; lose = a == '0' or 'ALWAYS' in os.environ\n"
     "v, s = int(os.environ.get('VICTIM', 1)), int(os.environ.get('MATE', 0))\n"

@@ -12,7 +12,7 @@ import pytest
 
 from fake_store import FakeStore, run_threads as _run
 
-from oscars_tf import membership
+from oscars_tf.protocol import membership
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import multiworker
-from oscars_tf import membership
-from oscars_tf import rounds as rounds_lib
+from oscars_tf.protocol import membership
+from oscars_tf.protocol import round_book
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -241,7 +241,7 @@ def test_a_soak_of_thousands_of_rounds_keeps_the_store_bounded():
   assert chief["kept_decisions"] == membership.KEEP_ROUNDS, (
       chief["kept_decisions"], chief["missing_decisions"], chief["rounds"])
   assert chief["arrivals"] == 0, chief["arrivals"]
-  assert chief["history"] == min(chief["rounds"], rounds_lib.HISTORY_KEEP)
+  assert chief["history"] == min(chief["rounds"], round_book.HISTORY_KEEP)
   for out in result.outputs[1:]:
     np.testing.assert_array_equal(out["weights"], chief["weights"])
   print(f"\nsoak: {chief['rounds']} rounds of 3 workers in "

@@ -59,7 +59,7 @@ def test_the_chief_writes_the_table_and_the_plan(logged_run):
 
 def test_timelines_merge_into_one_trace(logged_run):
   _, logdir = logged_run
-  proc = subprocess.run([sys.executable, "-m", "oscars_tf.observability",
+  proc = subprocess.run([sys.executable, "-m", "oscars_tf.observability.summaries",
                          "merge", logdir], capture_output=True, text=True,
                         timeout=60)
   assert proc.returncode == 0, proc.stderr

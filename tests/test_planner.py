@@ -1,4 +1,4 @@
-"""Tests for oscars_tf.planner (pure Python, no TensorFlow).
+"""Tests for oscars_tf.policy.planner (pure Python, no TensorFlow).
 
 Property tests run over random tables with hypothesis.
 """
@@ -10,7 +10,11 @@ import time
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from oscars_tf import planner
+from oscars_tf.policy import plan_changes
+
+from oscars_tf.policy import planner
+
+from oscars_tf.policy import records
 from oscars_tf import schedules
 
 RATE = st.one_of(st.floats(0.05, 500.0), st.just(math.nan),
@@ -24,9 +28,9 @@ def tables(draw, max_workers=24):
   rounds = draw(st.lists(st.integers(-1, 12), min_size=n, max_size=n))
   hosts = draw(st.lists(st.sampled_from("abc"), min_size=n, max_size=n))
   losses = draw(st.lists(st.floats(0.01, 10.0), min_size=n, max_size=n))
-  entries = tuple(planner.TableEntry(rate=r, round=k, loss=l)
+  entries = tuple(records.TableEntry(rate=r, round=k, loss=l)
                   for r, k, l in zip(rates, rounds, losses))
-  return planner.StepRateTable(entries, tuple(hosts))
+  return records.StepRateTable(entries, tuple(hosts))
 
 
 CONFIGS = st.builds(
@@ -66,7 +70,7 @@ def test_local_steps_ordered_like_the_rates(table, config, round_):
 @given(tables(), CONFIGS, st.integers(0, 12))
 def test_identical_inputs_give_identical_plans(table, config, round_):
   a = config.plan(table, round_)
-  b = config.plan(planner.StepRateTable(tuple(table.entries),
+  b = config.plan(records.StepRateTable(tuple(table.entries),
                                           tuple(table.hosts)), round_)
   assert a == b and a.to_json() == b.to_json() and a.digest() == b.digest()
 
@@ -98,8 +102,8 @@ def test_every_worker_arrives_within_half_a_step_of_the_budget(table,
 
 
 def test_steps_follow_the_rates():
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
       ("h",) * 4)
   p = schedules.Adaptive(initial_period=16).plan(table, 4)
   assert p.local_steps == (16, 16, 8, 4)
@@ -108,8 +112,8 @@ def test_steps_follow_the_rates():
 
 
 def test_straggler_gets_one_step_and_stretches_the_budget():
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=0) for r in (100.0, 100.0, 0.5)),
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=0) for r in (100.0, 100.0, 0.5)),
       ("h",) * 3)
   p = schedules.Adaptive(initial_period=16).plan(table, 1)
   assert p.stragglers == (2,)
@@ -117,8 +121,8 @@ def test_straggler_gets_one_step_and_stretches_the_budget():
 
 
 def test_fednova_scales_normalize_updates():
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=0) for r in (40.0, 10.0)), ("h",) * 2)
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=0) for r in (40.0, 10.0)), ("h",) * 2)
   p = schedules.Adaptive(weighting="normalized", initial_period=8).plan(table,
                                                                          1)
   assert p.local_steps == (8, 2) and p.weights == (0.5, 0.5)
@@ -128,8 +132,8 @@ def test_fednova_scales_normalize_updates():
 
 def test_host_groups_then_global_every_few_rounds():
   hosts = ("a", "a", "b", "b")
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=10.0, round=0) for _ in hosts), hosts)
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=10.0, round=0) for _ in hosts), hosts)
   config = schedules.Adaptive(global_every=3, adaptive_global=False)
   state, kinds = None, []
   for r in range(1, 7):
@@ -143,8 +147,8 @@ def test_host_groups_then_global_every_few_rounds():
 
 def test_speed_groups_have_similar_rates_and_bounded_size():
   rates = (80.0, 10.0, 79.0, 11.0, 40.0, 41.0)
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=0) for r in rates), ("h",) * 6)
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=0) for r in rates), ("h",) * 6)
   config = schedules.Adaptive(grouping="speed", max_group_size=2,
                               global_every=100)
   p = config.plan(table, 1)
@@ -154,10 +158,10 @@ def test_speed_groups_have_similar_rates_and_bounded_size():
 def test_missing_rows_are_named_in_the_plan():
   """The plan names the workers planned at the median (the caller logs a
   change of that set once, not every round)."""
-  table = planner.StepRateTable(
-      (planner.TableEntry(rate=10.0, round=5),
-       planner.TableEntry(rate=math.nan, round=5),
-       planner.TableEntry(rate=10.0, round=0)), ("h",) * 3)
+  table = records.StepRateTable(
+      (records.TableEntry(rate=10.0, round=5),
+       records.TableEntry(rate=math.nan, round=5),
+       records.TableEntry(rate=10.0, round=0)), ("h",) * 3)
   p = schedules.Adaptive().plan(table, 6)
   assert p.imputed == (1, 2)
   assert p.rates == (10.0, 10.0, 10.0)
@@ -165,8 +169,8 @@ def test_missing_rows_are_named_in_the_plan():
 
 def test_planner_time_for_ten_thousand_workers():
   """Not a speed assertion: records the time for the closing note."""
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=1.0 + (i % 97), round=0) for i in range(10000)),
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=1.0 + (i % 97), round=0) for i in range(10000)),
       tuple(f"host{i // 8}" for i in range(10000)))
   start = time.perf_counter()
   p = schedules.Adaptive(max_group_size=8).plan(table, 1)
@@ -176,13 +180,13 @@ def test_planner_time_for_ten_thousand_workers():
 
 
 def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=3) for r in (40.0, 20.0, 10.0)),
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=3) for r in (40.0, 20.0, 10.0)),
       ("h",) * 3)
   p = schedules.Adaptive(initial_period=16).plan(table, 4)
   assert p.local_steps == (16, 8, 4)
-  assert planner.fit_to_epoch(p, 100) is p          # far from the end
-  last = planner.fit_to_epoch(p, 14)               # half a round left
+  assert plan_changes.fit_to_epoch(p, 100) is p          # far from the end
+  last = plan_changes.fit_to_epoch(p, 14)               # half a round left
   assert last.epoch_end and last.global_sync
   assert last.local_steps == (8, 4, 2)
   assert last.time_budget == pytest.approx(0.2)
@@ -190,29 +194,29 @@ def test_epoch_end_round_shrinks_the_budget_not_the_arrival_order():
     assert abs(k / r - last.time_budget) < 1 / r  # within one of its steps
   uneven = dataclasses.replace(p, rates=(41.0, 19.5, 9.7))
   for remaining in range(1, 45):  # 45 = 1.5 rounds + 3: not the last round
-    last = planner.fit_to_epoch(uneven, remaining)
+    last = plan_changes.fit_to_epoch(uneven, remaining)
     # The epoch is one pass over the data: exactly what was left (each
     # worker takes at least one step).
     assert sum(last.local_steps) == max(remaining, 3), remaining
     assert min(last.local_steps) >= 1
-  assert planner.fit_to_epoch(uneven, 45) is uneven
+  assert plan_changes.fit_to_epoch(uneven, 45) is uneven
 
 
 def test_poisoned_members_get_no_weight_and_the_rest_renormalize():
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=3) for r in (40.0, 40.0, 20.0, 10.0)),
       ("h",) * 4)
   p = schedules.Adaptive(initial_period=16, grouping="global").plan(table, 4)
   healthy = [True, False, True, True]
-  weights = [planner.healthy_weight(p, i, healthy) for i in range(4)]
+  weights = [plan_changes.healthy_weight(p, i, healthy) for i in range(4)]
   assert weights[1] == 0.0
   assert sum(weights) == pytest.approx(1.0)
   # The healthy members keep their relative weights.
   assert weights[0] / weights[2] == pytest.approx(p.weights[0] / p.weights[2])
   # Nobody healthy in the group: the weights stay (nothing sound to average).
-  assert planner.healthy_weight(p, 0, [False] * 4) == p.weights[0]
+  assert plan_changes.healthy_weight(p, 0, [False] * 4) == p.weights[0]
   rows = [[40.0, 3, 1.0, 0.0, 0.1, 16, 1.0], [40.0, 3, 1.0, 0.0, 0.1, 16, 0.0]]
-  parsed = planner.StepRateTable.from_rows(rows, ("h", "h"))
+  parsed = records.StepRateTable.from_rows(rows, ("h", "h"))
   assert [e.healthy for e in parsed.entries] == [True, False]
 
 
@@ -224,7 +228,7 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
   n = table.size
   members = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
   newcomers = data.draw(st.sets(st.sampled_from(sorted(members))))
-  out = planner.with_members(plan, members, newcomers)
+  out = plan_changes.with_members(plan, members, newcomers)
   assert sorted(i for g in out.groups for i in g) == list(range(n))
   for g in out.groups:
     if any(i not in members for i in g):
@@ -237,25 +241,25 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
       kept = tuple(i for i in g if i in members)
       assert not kept or kept in out.groups
   assert out.local_steps == plan.local_steps
-  assert planner.with_members(plan, range(n)) is plan
+  assert plan_changes.with_members(plan, range(n)) is plan
 
 
 def _even_plan(n=3, k=(6, 6, 2)):
-  table = planner.StepRateTable(tuple(
-      planner.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)
   return schedules.Fixed(4).plan(table, 5)
 
 
 def test_arrivals_without_exhausted_members_change_nothing():
   p = _even_plan()
-  q, over = planner.with_arrivals(p, (0, 1, 2), (4, 4, 4),
+  q, over = plan_changes.with_arrivals(p, (0, 1, 2), (4, 4, 4),
                                     (False, False, False))
   assert q is p and not over
 
 
 def test_a_member_out_of_data_with_no_steps_takes_the_model():
   p = _even_plan()
-  q, over = planner.with_arrivals(p, (0, 1, 2), (4, 0, 4),
+  q, over = plan_changes.with_arrivals(p, (0, 1, 2), (4, 0, 4),
                                     (False, True, False))
   assert not over
   assert q.weights[1] == 0.0 and q.weights[0] == q.weights[2] == 0.5
@@ -263,7 +267,7 @@ def test_a_member_out_of_data_with_no_steps_takes_the_model():
 
 def test_the_epoch_is_over_when_every_member_is_out_of_data():
   p = _even_plan()
-  q, over = planner.with_arrivals(p, (0, 2), (3, 9, 1),
+  q, over = plan_changes.with_arrivals(p, (0, 2), (3, 9, 1),
                                     (True, False, True))
   assert over and q.epoch_end and q.global_sync
   assert q.groups[0] == (0, 2) and (1,) in q.groups
@@ -273,7 +277,7 @@ def test_the_epoch_is_over_when_every_member_is_out_of_data():
 
 def test_an_over_epoch_where_nobody_stepped_is_a_plain_mean():
   p = _even_plan()
-  q, over = planner.with_arrivals(p, (0, 1, 2), (0, 0, 0), (True,) * 3)
+  q, over = plan_changes.with_arrivals(p, (0, 1, 2), (0, 0, 0), (True,) * 3)
   assert over and q.weights == pytest.approx((1 / 3,) * 3)
 
 
@@ -281,7 +285,7 @@ def test_an_over_epoch_where_nobody_stepped_is_a_plain_mean():
 @given(tables(), st.integers(1, 8))
 def test_quantized_steps_are_whole_calls_and_never_fewer(table, quantum):
   p = schedules.Adaptive().plan(table, 4)
-  q = planner.quantized(p, quantum)
+  q = plan_changes.quantized(p, quantum)
   for k, kq in zip(p.local_steps, q.local_steps):
     assert kq % quantum == 0 and k <= kq < k + quantum
   for g in q.groups:
@@ -299,15 +303,15 @@ def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):
   members = list(range(n))
   groups = (tuple(members),)
   weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
-  p = planner.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
+  p = records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
                    groups=groups, weights=weights, update_scales=scales,
                    global_sync=True, stragglers=(), rates=(1.0,) * n,
-                   state=planner.PlannerState(period=4.0, global_every=4))
-  parts = [planner.host_part(p, i, hosts, members, sound) for i in members]
+                   state=records.PlannerState(period=4.0, global_every=4))
+  parts = [plan_changes.host_part(p, i, hosts, members, sound) for i in members]
   composed = [parts[i].weight_in_host * parts[parts[i].host[0]].host_share
               for i in members]
   if any(sound):
-    flat = [planner.healthy_weight(p, i, sound) for i in members]
+    flat = [plan_changes.healthy_weight(p, i, sound) for i in members]
     assert composed == pytest.approx(flat)
     assert sum(composed) == pytest.approx(1.0)
   else:
@@ -331,8 +335,8 @@ def test_global_every_follows_the_drift_measured_at_global_syncs():
   for r in range(60):
     measured_global = len(was_global) >= 2 and was_global[-2]
     div = 4 * config.divergence_high if measured_global else 0.001
-    table = planner.StepRateTable(tuple(
-        planner.TableEntry(rate=10.0 + i, round=r, divergence=div)
+    table = records.StepRateTable(tuple(
+        records.TableEntry(rate=10.0 + i, round=r, divergence=div)
         for i in range(n)), ("h",) * n)
     p = planner.plan(table, config, r, state)
     state = p.state

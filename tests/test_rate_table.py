@@ -1,10 +1,10 @@
-"""Tests for oscars_tf.rate_table.RateMeter (pure Python)."""
+"""Tests for oscars_tf.protocol.rate_table.RateMeter (pure Python)."""
 
 import math
 
 import pytest
 
-from oscars_tf.rate_table import RateMeter
+from oscars_tf.protocol.rate_table import RateMeter
 
 
 def test_first_sample_seeds_then_moving_average():

@@ -5,13 +5,13 @@ import warnings
 
 import pytest
 
-from oscars_tf import planner
+from oscars_tf.policy import records
 from oscars_tf import schedules
 
 
 def _table(rates, hosts=None):
-  entries = tuple(planner.TableEntry(rate=r, round=0) for r in rates)
-  return planner.StepRateTable(entries, tuple(hosts or ["h"] * len(rates)))
+  entries = tuple(records.TableEntry(rate=r, round=0) for r in rates)
+  return records.StepRateTable(entries, tuple(hosts or ["h"] * len(rates)))
 
 
 def test_fixed_period_for_everyone_and_one_group():
@@ -52,26 +52,36 @@ def test_fingerprint_is_stable_and_distinguishes_configs():
   assert 0 <= a.fingerprint() < 2**24  # exact in a float32 collective
 
 
-def test_policy_layer_imports_no_tensorflow():
+def test_policy_protocol_and_tools_import_no_tensorflow():
   import subprocess  # pylint: disable=g-import-not-at-top
-  # The policy and the protocol (everything but rounds.py's graph side).
-  code = ("import sys, oscars_tf.schedules, oscars_tf.launch, oscars_tf.data,"
-          " oscars_tf.planner, oscars_tf.membership, oscars_tf.agreement,"
-          " oscars_tf.group_keys, oscars_tf.kv_store, oscars_tf.rate_table;"
-          "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+  # Every module of the TensorFlow-free layers, found by walking their
+  # subpackages so that a new module is covered too, plus the public
+  # TensorFlow-free modules.
+  code = ("import importlib, pkgutil, sys, oscars_tf\n"
+          "names = ['oscars_tf.schedules', 'oscars_tf.simulate',"
+          " 'oscars_tf.launch', 'oscars_tf.data', 'oscars_tf.checkpoint',"
+          " 'oscars_tf.frontends.shared_order']\n"
+          "for pkg in ('policy', 'protocol', 'tools'):\n"
+          "  mod = importlib.import_module('oscars_tf.' + pkg)\n"
+          "  names += ['oscars_tf.%s.%s' % (pkg, m.name)"
+          " for m in pkgutil.iter_modules(mod.__path__)]\n"
+          "for name in names:\n"
+          "  importlib.import_module(name)\n"
+          "  assert 'tensorflow' not in sys.modules, name + ' imported tensorflow'\n"
+          "assert len(names) >= 14, names\n")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def _loss_table(loss, lr=0.1, divergence=float("nan")):
-  e = planner.TableEntry(rate=1.0, round=0, loss=loss, learning_rate=lr,
+  e = records.TableEntry(rate=1.0, round=0, loss=loss, learning_rate=lr,
                            divergence=divergence)
-  return planner.StepRateTable((e, e), ("h", "h"))
+  return records.StepRateTable((e, e), ("h", "h"))
 
 
 def test_adacomm_shrinks_the_period_with_the_loss():
   config = schedules.Adaptive(initial_period=16)
   rule = schedules.AdaComm()
-  state = planner.PlannerState(period=16, global_every=4)
+  state = records.PlannerState(period=16, global_every=4)
   state = rule.update(state, _loss_table(4.0), config)   # seeds loss_0
   assert state.period == 16 and state.initial_loss == 4.0
   state = rule.update(state, _loss_table(1.0), config)   # sqrt(1/4) * 16
@@ -81,7 +91,7 @@ def test_adacomm_shrinks_the_period_with_the_loss():
 
 def test_quadratic_rule_follows_the_learning_rate():
   rule = schedules.QuadraticSync(beta=0.2, base_period=2)
-  state = planner.PlannerState(period=16, global_every=4)
+  state = records.PlannerState(period=16, global_every=4)
   assert rule.update(state, _loss_table(1.0, lr=0.1), None).period == 4
   assert rule.update(state, _loss_table(1.0, lr=0.02), None).period == 100
   assert rule.update(state, _loss_table(1.0, lr=1.0), None).period == 2
@@ -89,7 +99,7 @@ def test_quadratic_rule_follows_the_learning_rate():
 
 def test_divergence_band_keeps_divergence_inside():
   rule = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
-  state = planner.PlannerState(period=16, global_every=4)
+  state = records.PlannerState(period=16, global_every=4)
   assert rule.update(state, _loss_table(1, divergence=0.5), None).period == 8
   assert rule.update(state, _loss_table(1, divergence=0.001), None).period == 32
   assert rule.update(state, _loss_table(1, divergence=0.05), None).period == 16

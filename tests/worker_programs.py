@@ -274,7 +274,7 @@ def soak(params):
   strategy = _setup(dict(params, every=1))
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from oscars_tf import kv_store, membership  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import kv_store, membership  # pylint: disable=g-import-not-at-top
   with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")

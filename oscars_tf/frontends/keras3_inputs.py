@@ -131,7 +131,7 @@ def _planned_iterator_class(base):
 
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
-      self._rounds = self._distribute_strategy.extended.rounds
+      self._round_book = self._distribute_strategy.extended.round_book
       self._planned = getattr(kwargs.get("x"), "_oscars_planned_epochs",
                               False)
       self._stream = None
@@ -151,7 +151,7 @@ def _planned_iterator_class(base):
       # begins (to build the model from one batch), when the last `fit`'s
       # epoch is still over.
       step = 0
-      while step == 0 or not self._rounds.epoch_over:
+      while step == 0 or not self._round_book.epoch_over:
         yield step, step + self.steps_per_execution - 1, self._stream
         step += self.steps_per_execution
 

@@ -101,14 +101,14 @@ class _PlannedDataHandler(data_adapter.DataHandler):
   One endless iterator serves the whole `fit`; each epoch yields steps
   (`steps_per_execution` at a time) until the round that ends the epoch has
   ended on this worker, which happens on every worker at the same round
-  (`rounds.epoch_over`). Validation builds its own, finite handler.
+  (`round_book.epoch_over`). Validation builds its own, finite handler.
   """
 
   def __init__(self, *args, **kwargs):
     model = kwargs.get("model")
     strategy = (model.distribute_strategy if model is not None else
                 tf.distribute.get_strategy())
-    self._rounds = strategy.extended.rounds
+    self._round_book = strategy.extended.round_book
     # -1 is tf_keras' "no epoch length" (an endless input is refused
     # without it); the plan gives the length.
     kwargs["steps_per_epoch"] = -1
@@ -155,7 +155,7 @@ class _PlannedDataHandler(data_adapter.DataHandler):
     self._step_increment = spe - 1
     # The first step always: `epoch_over` is reset by the epoch's begin
     # callback, but must never end an epoch before it started.
-    while self._current_step == 0 or not self._rounds.epoch_over:
+    while self._current_step == 0 or not self._round_book.epoch_over:
       yield self._current_step
       self._current_step += spe
 

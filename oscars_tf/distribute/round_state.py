@@ -131,9 +131,9 @@ class Keeper:
     self._outer_state = outer_state or (lambda: None)
 
   def position(self):
-    r = self._rounds
+    r = self._rounds.book
     optimizer = getattr(self.model, "optimizer", None)
-    local_step = int(r.local_step.numpy())
+    local_step = int(self._rounds.local_step.numpy())
     return {
         "worker": self.worker,
         "epoch": r.epoch_index + r.epoch_offset,  # the cluster's, in flight
@@ -142,7 +142,7 @@ class Keeper:
                           if optimizer is not None else local_step,
         # The Python-side count: the graph's last_sync_step may already be
         # assigned while the failed collective ran (no data dependency).
-        "steps_since_average": local_step - r._last_sync_step,  # pylint: disable=protected-access
+        "steps_since_average": local_step - r.last_sync_step,
         "attempt": int(os.environ.get("OSCARS_LAUNCH_ATTEMPT", "0") or 0),
         "saved_at": time.time()}
 

@@ -26,7 +26,7 @@ import time
 from typing import Optional, Tuple
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
-from oscars_tf.kv_store import KeyMissing, put as _put
+from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often

@@ -12,8 +12,8 @@ read the whole table at any time (`OscarsStrategy.step_rate_table()`).
 import json
 import math
 
-from oscars_tf import kv_store
-from oscars_tf import planner
+from oscars_tf.protocol import kv_store
+from oscars_tf.policy import records
 
 KEY_PREFIX = "oscars_tf/table/"
 
@@ -51,7 +51,7 @@ class RateMeter:
     self.rate = rate
 
 
-def publish(store, worker, entry: planner.TableEntry, plan_digest: str):
+def publish(store, worker, entry: records.TableEntry, plan_digest: str):
   """Writes this worker's row to `store` (a kv_store.ContextStore)."""
   kv_store.put(store, f"{KEY_PREFIX}{worker}", json.dumps({
       "rate": entry.rate, "round": entry.round, "loss": entry.loss,

@@ -5,7 +5,7 @@ at a round every worker reaches (`Rounds.begin_epoch` with a target). In
 every other case each worker's data, or its loop, ends on its own, and
 `finish` ends the epoch together: the worker ends its round with the steps
 it took, marked out of data, and takes part in the next rounds with no steps
-of its own until every member is out of data (see planner.with_arrivals).
+of its own until every member is out of data (see plan_changes.with_arrivals).
 Whatever the input, no worker waits at a collective another never reaches.
 """
 
@@ -65,6 +65,7 @@ class Epochs:
     tracked and stepping); `end_round_now()`: ends the round at once on
     this worker, entering its collectives (eager)."""
     self._rounds = rounds
+    self._book = rounds.book
     self._cluster = cluster
     self._schedule = schedule
     self._averages = averages
@@ -90,16 +91,16 @@ class Epochs:
     if self._order is not None:
       self._order.close()
     self._order = order
-    self._rounds.listen_slices(order.add_slice if order else None)
+    self._book.listen_slices(order.add_slice if order else None)
     if order is not None:
-      self._rounds.tell_first_slice(self._target, first_epoch)
+      self._book.tell_first_slice(self._target, first_epoch)
 
   def begin(self, epoch=None):
     """Keras epoch start: plan the epoch's end if it is cluster-wide."""
     if epoch is not None:
-      self._rounds.epoch_index = epoch
+      self._book.epoch_index = epoch
     self._rounds.begin_epoch(self._target)
-    self._rounds.mark_round_start()
+    self._book.mark_round_start()
 
   def begin_custom(self, cluster_steps, epoch=None):
     """A custom loop's epoch of `cluster_steps` steps over all workers."""
@@ -114,30 +115,30 @@ class Epochs:
   def cluster_epoch(self, epoch):
     """The cluster's number for this worker's `epoch` (they differ after
     the worker was dropped and rejoined: it missed epochs)."""
-    return epoch + self._rounds.epoch_offset
+    return epoch + self._book.epoch_offset
 
   def custom_over(self):
     """Whether a custom loop's epoch is over on this worker."""
     if self._end_step is None:
-      return self._rounds.epoch_over
+      return self._book.epoch_over
     return int(self._rounds.local_step.numpy()) >= self._end_step
 
   def finish(self):
     """Ends this worker's epoch together with the others (eager; see the
     module docstring). Where the plan ends epochs, they are already over on
     every worker at the same round."""
-    rounds = self._rounds
-    if not self._averages() or rounds.epoch_over:
+    book = self._book
+    if not self._averages() or book.epoch_over:
       return
-    rounds.exhausted = True
-    while not rounds.epoch_over:
+    book.exhausted = True
+    while not book.epoch_over:
       self._end_round_now()
 
   def end_training(self):
     """The chief tells workers still dropped that training is over."""
-    if self._rounds.membership is not None:
+    if self._book.membership is not None:
       try:
-        self._rounds.membership.finish(self._rounds.round)
+        self._book.membership.finish(self._book.round)
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("oscars_tf: could not mark the end of training: %s",
                         e)
@@ -146,7 +147,7 @@ class Epochs:
     """At every exit: a worker says it is done; the chief waits for the
     members to say so (see Membership.wait_until_done), not after an
     uncaught error of its own (the others fail without it anyway)."""
-    membership = self._rounds.membership
+    membership = self._book.membership
     if membership is None:
       return
     if membership.me != 0:

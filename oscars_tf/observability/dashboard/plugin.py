@@ -2,7 +2,7 @@
 
 Installed with the package through the `tensorboard_plugins` entry point, so
 `tensorboard --logdir DIR` serves it. It reads the round summaries that
-`oscars_tf.observability` writes (TensorBoard's own data provider, no file
+`oscars_tf.observability.summaries` writes (TensorBoard's own data provider, no file
 access of its own) and serves, per job (a directory holding `worker_<i>/`
 and `cluster/` runs): the step-rate table over rounds, the group timeline,
 and each worker's compute / wait / communicate breakdown.

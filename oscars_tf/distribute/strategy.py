@@ -10,16 +10,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from oscars_tf import averaging
+from oscars_tf.runtime import averaging
 from oscars_tf import cluster as cluster_lib
-from oscars_tf import kv_store
-from oscars_tf import rate_table
-from oscars_tf import replicas
-from oscars_tf import runtime
+from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import rate_table
+from oscars_tf.distribute import replicas
+from oscars_tf.runtime import server
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
-from oscars_tf.extended import OscarsExtended
-from oscars_tf.startup import OPTIMIZER_STATES
+from oscars_tf.distribute.extended import OscarsExtended
+from oscars_tf.distribute.startup import OPTIMIZER_STATES
 
 LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
 
@@ -131,7 +131,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     # The coordination service's heartbeats only catch what the straggler
     # timeout catches sooner, and a task they time out can never come back:
     # long ones let a stalled worker rejoin (stalls up to this long).
-    runtime.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout))
+    server.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout))
     super().__init__(OscarsExtended(
         self, info, devices, schedule, optimizer_state, communication,
         collective_timeout, local_replicas,
@@ -154,7 +154,7 @@ class OscarsStrategy(tf.distribute.Strategy):
   @property
   def cluster(self):
     """The `cluster.ClusterInfo` of this process."""
-    return self.extended._cluster  # pylint: disable=protected-access
+    return self.extended.cluster
 
   @property
   def num_workers(self):
@@ -186,7 +186,7 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   @property
   def schedule(self):
-    return self.extended._schedule  # pylint: disable=protected-access
+    return self.extended.schedule
 
   def track(self, model, optimizer=None):
     """Names what a custom training loop averages (Keras fit does it itself).
@@ -202,14 +202,14 @@ class OscarsStrategy(tf.distribute.Strategy):
     set (a Keras model has one), its trainable variables' (starts, momenta)
     as NumPy arrays. None without an `outer_optimizer`. The chief's is every
     member's (see `outer.py`); `checkpoint.save(..., strategy=)` saves it."""
-    outer = self.extended._outer  # pylint: disable=protected-access
+    outer = self.extended.outer
     return outer.arrays() if outer.optimizer is not None else None
 
   def restore_outer_state(self, sets):
     """Loads what `outer_state()` returned, now or, before the first step
     (the state does not exist yet), when it is created. Shapes that do not
     match the model's trainable variables raise ValueError."""
-    self.extended._outer.load(sets)  # pylint: disable=protected-access
+    self.extended.outer.load(sets)
 
   def sync(self):
     """Averages the model now; every worker must call it at the same point.
@@ -274,21 +274,21 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   @property
   def plan(self):
-    """The `planner.Plan` of the round in progress (same on all workers)."""
-    return self.extended._rounds.plan  # pylint: disable=protected-access
+    """The `records.Plan` of the round in progress (same on all workers)."""
+    return self.extended.round_book.plan
 
   @property
   def members(self):
     """The workers of the latest round: all of them, less those dropped
     (dead, stalled or cut off) and not back yet."""
-    return self.extended._rounds.members  # pylint: disable=protected-access
+    return self.extended.round_book.members
 
   @property
   def round_history(self):
     """One dict per finished round of this worker (plan digest, steps,
     compute/wait/communication seconds, rate, divergence, table rates): the
-    last `rounds.HISTORY_KEEP` (10,000) rounds."""
-    return list(self.extended._rounds.history)  # pylint: disable=protected-access
+    last `round_book.HISTORY_KEEP` (10,000) rounds."""
+    return list(self.extended.round_book.history)
 
   def step_rate_table(self):
     """Every worker's latest published row (rate, round, loss, ...), read

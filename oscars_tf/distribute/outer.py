@@ -20,7 +20,7 @@ Three rules keep that state sound:
 import numpy as np
 import tensorflow as tf
 
-from oscars_tf.replicas import component_variables
+from oscars_tf.distribute.replicas import component_variables
 
 
 def takes_outer_step(variables, model=None):

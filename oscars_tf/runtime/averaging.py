@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from oscars_tf import fault_injection
+from oscars_tf.runtime import fault_injection
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
@@ -175,25 +175,26 @@ class HierarchicalAverager:
     self.cross = GroupAverager(2, 0, device, "RING", timeout)
 
   def weighted_sum(self, tensors, p):
-    """`p`: dict of tensors host_key, host_size, weight_in_host, is_leader,
-    leaders_key, leaders_size, host_share (see Rounds)."""
+    """`p`: tensors host_key, host_size, weight_in_host, is_leader,
+    leaders_key, leaders_size, host_share as attributes (a RoundPart of
+    protocol/round_book.py)."""
     def within(values, weight, role):
       return tf.cond(
-          p["host_size"] > 1,
+          p.host_size > 1,
           lambda: self.intra.weighted_sum(values, weight, role=role,
-                                          group_size=p["host_size"],
-                                          group_key=p["host_key"]),
+                                          group_size=p.host_size,
+                                          group_key=p.host_key),
           lambda: [tf.identity(v) for v in values])
 
-    host_average = within(tensors, p["weight_in_host"], "model")
+    host_average = within(tensors, p.weight_in_host, "model")
     crossed = tf.cond(
-        p["is_leader"],
-        lambda: self.cross.weighted_sum(host_average, p["host_share"],
+        p.is_leader,
+        lambda: self.cross.weighted_sum(host_average, p.host_share,
                                         role="across",
-                                        group_size=p["leaders_size"],
-                                        group_key=p["leaders_key"]),
+                                        group_size=p.leaders_size,
+                                        group_key=p.leaders_key),
         lambda: [tf.identity(v) for v in host_average])
-    return within(crossed, tf.where(p["is_leader"], 1.0, 0.0), "back")
+    return within(crossed, tf.where(p.is_leader, 1.0, 0.0), "back")
 
 
 def packed_bytes(tensors):

@@ -12,7 +12,7 @@ Layout under a log directory:
                      oscars/table/local_steps/worker_<j>, the plan digest and
                      groups (text), stragglers
   timeline_worker_<i>.json   compute / wait / communicate spans (Chrome trace
-                     events); `python -m oscars_tf.observability merge DIR`
+                     events); `python -m oscars_tf.observability.summaries merge DIR`
                      joins them into DIR/timeline.json for Perfetto or
                      chrome://tracing, one row per worker.
 """
@@ -74,7 +74,7 @@ class RoundSummaries:
 
 class RoundLogging:
   """Mixin for the extended: its summaries and timeline (reads the
-  extended's `_cluster` and `_rounds`)."""
+  extended's `_cluster` and `_book`)."""
 
   _logdir = None
   _summaries = None
@@ -90,13 +90,13 @@ class RoundLogging:
       self._logdir = logdir
       self._summaries = RoundSummaries(
           logdir, self._cluster.worker_index, self._cluster.is_chief)
-      self._rounds.observer = self._summaries
+      self._book.observer = self._summaries
 
   def finish_logs(self):
     """Flushes summaries and writes this worker's timeline (if logging)."""
     if self._logdir:
       self._summaries.flush()
-      write_timeline(self._logdir, self._rounds.history,
+      write_timeline(self._logdir, self._book.history,
                      self._cluster.worker_index)
 
 
@@ -143,7 +143,7 @@ def merge_timelines(logdir):
 
 
 # The command line. It has no flags; -h and --help print this.
-USAGE = "python -m oscars_tf.observability merge LOGDIR"
+USAGE = "python -m oscars_tf.observability.summaries merge LOGDIR"
 DESCRIPTION = (
     "Joins the timeline_worker_<i>.json files under LOGDIR into one Chrome "
     "trace,\nLOGDIR/timeline.json (Perfetto, chrome://tracing); prints its "

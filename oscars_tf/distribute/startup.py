@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 
 from oscars_tf.errors import WorkerMismatchError
-from oscars_tf.replicas import component_variables
+from oscars_tf.distribute.replicas import component_variables
 
 OPTIMIZER_STATES = ("local", "average")
 

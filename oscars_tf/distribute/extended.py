@@ -25,22 +25,23 @@ from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
-from oscars_tf import agreement
-from oscars_tf import averaging
-from oscars_tf import epochs as epochs_lib
-from oscars_tf import group_keys
-from oscars_tf import inputs
-from oscars_tf import kv_store
-from oscars_tf import membership as membership_lib
-from oscars_tf import multi_worker_roles
-from oscars_tf import observability
-from oscars_tf import outer as outer_lib
-from oscars_tf import replicas
-from oscars_tf import round_state
-from oscars_tf import rounds as rounds_lib
-from oscars_tf import startup
-from oscars_tf.replicas import component_variables as _component_variables
-from oscars_tf.replicas import is_float as _is_float
+from oscars_tf.distribute import epochs as epochs_lib
+from oscars_tf.distribute import inputs
+from oscars_tf.distribute import outer as outer_lib
+from oscars_tf.distribute import replicas
+from oscars_tf.distribute import round_state
+from oscars_tf.distribute import rounds as rounds_lib
+from oscars_tf.distribute import startup
+from oscars_tf.observability import summaries
+from oscars_tf.protocol import agreement
+from oscars_tf.protocol import group_keys
+from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import membership as membership_lib
+from oscars_tf.protocol import round_book
+from oscars_tf.runtime import averaging
+from oscars_tf.runtime import multi_worker_roles
+from oscars_tf.distribute.replicas import component_variables as _component_variables
+from oscars_tf.distribute.replicas import is_float as _is_float
 
 
 def _inside_while_loop():
@@ -55,7 +56,7 @@ def _inside_while_loop():
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                      inputs.WorkerInputs, replicas.LocalSGDReplicas,
-                     observability.RoundLogging,
+                     summaries.RoundLogging,
                      mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
@@ -86,14 +87,15 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     store = kv_store.ContextStore() if info.is_multi_worker else None
     addresses = [a for _, _, a in info.workers]
     is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
-    self._rounds = rounds_lib.Rounds(
-        info, schedule, self._host, averaging_device, self._communication,
-        collective_timeout, learning_rate_fn=self._learning_rate,
-        simulate=simulate, per_group_nccl=per_group_nccl,
-        membership=membership_lib.Membership(
+    self._book = round_book.RoundBook(
+        info, schedule, learning_rate_fn=self._learning_rate,
+        simulate=simulate, membership=membership_lib.Membership(
             store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout,
             is_gone=is_gone) if info.is_multi_worker else None)
+    self._rounds = rounds_lib.Rounds(
+        self._book, self._host, averaging_device, self._communication,
+        collective_timeout, per_group_nccl=per_group_nccl)
     self._agreements = agreement.Agreements(
         store, info.worker_index, straggler_timeout, collective_timeout,
         is_gone=is_gone) if info.is_multi_worker else None
@@ -138,9 +140,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       self._start_once(variables)
 
   @property
-  def rounds(self):
-    """The round bookkeeping (`rounds.Rounds`) of this worker."""
-    return self._rounds
+  def round_book(self):
+    """This worker's round bookkeeping (a `round_book.RoundBook`)."""
+    return self._book
 
   def _variables_to_average(self, updated):
     if self._tracked is None:
@@ -286,7 +288,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             self._averager, self._cluster, self._collective_or_timeout)
         handshake.check_workers_agree(variables, startup.Settings(
             self._schedule, self._optimizer_state, self._communication,
-            self._outer.optimizer, self._rounds.step_quantum))
+            self._outer.optimizer, self._book.step_quantum))
         handshake.broadcast_from_chief(
             replicas.read_values(variables, self._local_sgd),
             lambda values: replicas.write_values(variables, values))
@@ -299,7 +301,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
           model = self._tracked[0] if self._tracked else None
           self._outer.create(key, outer_lib.takes_outer_step(variables, model),
                              started)
-      self._rounds.mark_round_start()
+      self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
     with self.peer_errors_explained(what):
@@ -340,13 +342,18 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return self._cluster
 
   @property
+  def outer(self):
+    """The outer optimizer and its state per variable set (`outer.OuterStates`)."""
+    return self._outer
+
+  @property
   def schedule(self):
     return self._schedule
 
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
-    `planner.quantized`). Every worker must use the same."""
-    self._rounds.step_quantum = max(1, int(steps))
+    `plan_changes.quantized`). Every worker must use the same."""
+    self._book.step_quantum = max(1, int(steps))
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""
@@ -368,7 +375,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                     tf.constant(np.nan, tf.float32)), "an averaging point")
 
   def mark_round_start(self):
-    self._rounds.mark_round_start()
+    self._book.mark_round_start()
 
   def _averages(self):
     """Whether rounds average anything yet: a model is stepping and there
@@ -377,7 +384,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             bool(self._last_variables))
 
   def mark_first_step_done(self):
-    self._rounds.mark_first_step_done(int(self._rounds.local_step.numpy()))
+    self._book.mark_first_step_done(int(self._rounds.local_step.numpy()))
 
   # -- agreements between rounds --------------------------------------------
 
@@ -387,7 +394,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     straggler timeout is left out (see agreement.py)."""
     if self._agreements is None:
       return {self._cluster.worker_index: [float(x) for x in numbers]}
-    return self._agreements.gather(self._rounds.round, self._rounds.members,
+    return self._agreements.gather(self._book.round, self._book.members,
                                    numbers)
 
   def average_numbers(self, numbers):
@@ -401,4 +408,4 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return {"local_step": int(r.local_step.numpy()),
             "syncs": int(r.syncs.numpy()),
             "next_sync_step": int(r.next_sync.numpy()),
-            "round": r.round, **r.totals}
+            "round": self._book.round, **self._book.totals}

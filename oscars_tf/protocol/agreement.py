@@ -19,8 +19,8 @@ import json
 import time
 
 from oscars_tf.errors import PeerTimeoutError
-from oscars_tf.kv_store import KeyMissing
-from oscars_tf.membership import value_unless_gone
+from oscars_tf.protocol.kv_store import KeyMissing
+from oscars_tf.protocol.membership import value_unless_gone
 
 PREFIX = "oscars_tf/agree/"
 KEEP_RESULTS = 1000  # results kept in the store (a member back from a long

@@ -1,0 +1,193 @@
+"""The graph side of one worker's rounds: its step counters and the ops of
+an averaging point.
+
+At a round end the graph calls the round book (protocol/round_book.py)
+through `tf.py_function` for this worker's part in the round (a RoundPart:
+who averages with whom, with which weights), averages the model inside
+its group with those tensors (one op serves every group), and calls the
+book again to plan the next round.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from oscars_tf.protocol import group_keys
+from oscars_tf.protocol import round_book
+from oscars_tf.protocol import round_parts
+from oscars_tf.runtime import averaging
+
+# The dtype of each RoundPart field as it crosses tf.py_function.
+PART_DTYPES = round_parts.RoundPart(
+    table=tf.float64, weight=tf.float32, takes_model=tf.bool,
+    group_key=tf.int32, group_size=tf.int32, nccl=tf.bool, is_global=tf.bool,
+    rejoining=tf.bool, state_weight=tf.float32, host_key=tf.int32,
+    host_size=tf.int32, weight_in_host=tf.float32, is_leader=tf.bool,
+    leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32)
+
+
+class Rounds:
+  """Counts one worker's steps and builds the ops of its averaging points;
+  the bookkeeping is its `book`."""
+
+  def __init__(self, book, host_device, averaging_device, communication,
+               timeout, per_group_nccl=False):
+    self.book = book
+    self._per_group = per_group_nccl  # "auto" on GPUs: NCCL for a group on
+                                      # one host, ring across hosts
+    self._hierarchical = averaging.HierarchicalAverager(
+        averaging_device, "NCCL" if per_group_nccl else communication,
+        timeout)
+    global_key = group_keys.GROUP_KEY_BASE
+    self._group_averager = (
+        averaging.PerGroupAverager(book.n, global_key, averaging_device,
+                                   timeout) if per_group_nccl else
+        averaging.GroupAverager(book.n, global_key, averaging_device,
+                                communication, timeout))
+    with tf.device(host_device), tf.init_scope():
+      k, scale = book.my_steps(book.plan, 0)
+      self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name="oscars_local_step")
+      self.next_sync = tf.Variable(k, dtype=tf.int64, trainable=False,
+                                   name="oscars_next_sync")
+      self.last_sync_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="oscars_last_sync_step")
+      self.syncs = tf.Variable(0, dtype=tf.int64, trainable=False,
+                               name="oscars_syncs")
+      # Group, key and weight come from the round's membership decision at
+      # the round end (a RoundPart); only these carry over between rounds.
+      self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False)
+
+  def begin_epoch(self, target_steps=None):
+    """Starts an epoch (eager): see RoundBook.begin_epoch."""
+    k, scale = self.book.begin_epoch(int(self.local_step.numpy()),
+                                     target_steps)
+    self.next_sync.assign(k)
+    self.scale.assign(scale)
+
+  # -- py_function bodies --------------------------------------------------
+
+  def _on_step(self, step):
+    self.book.step(int(step))
+    return np.int64(0)
+
+  def _on_arrive(self, step, loss, finite):
+    part = self.book.arrive(int(step), float(loss), bool(finite))
+    return [np.asarray(v, d.as_numpy_dtype)
+            for v, d in zip(part, PART_DTYPES)]
+
+  def _on_averaged(self, table_vec, divergence, step, bytes_sent):
+    k, scale = self.book.averaged(table_vec.numpy(), float(divergence),
+                                  int(step), int(bytes_sent))
+    return np.int64(k), np.float32(scale)
+
+  # -- graph side ----------------------------------------------------------
+
+  def step_ops(self):
+    """Ops of every training step: the simulated delay, then the count."""
+    simulate = self.book.simulate
+    if simulate is not None and simulate.active:
+      with tf.control_dependencies([tf.py_function(
+          self._on_step, [self.local_step], tf.int64)]):
+        return self.local_step.assign_add(1)
+    return self.local_step.assign_add(1)
+
+  def round_end_ops(self, step, loss, read_values, write_values, start=None,
+                    reset_state=None, shared_state=None):
+    """Ops of an averaging point (see module docstring).
+
+    Args:
+      step: this worker's local step count (tensor).
+      loss: a scalar loss to report, or NaN.
+      read_values: () -> list of tensors, this worker's current values.
+      write_values: (list of tensors) -> op assigning the averaged values.
+      start: for FedNova weighting, () -> list of round-start values.
+      reset_state: () -> op, run on a poisoned worker after it took the
+        group's model (e.g. clearing non-finite optimizer slots).
+      shared_state: variables every sound member holds equal (the outer
+        optimizer's): at a round where a worker rejoins, every member takes
+        the sound members' values before `write_values`.
+    """
+    values = read_values()
+    # Poison guard: a worker whose weights are not all finite says so in the
+    # table; it then contributes zeros (NaN * 0 is NaN) with weight 0, the
+    # others renormalize, and it takes the group's average like everyone.
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                            for v in values])
+    n = self.book.n
+    part = round_parts.RoundPart(*[
+        tf.reshape(o, [n * round_book.ROW] if name == "table" else [])
+        for name, o in zip(PART_DTYPES._fields, tf.py_function(
+            self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
+            list(PART_DTYPES)))])
+    weight, group_key, group_size = (part.weight, part.group_key,
+                                     part.group_size)
+    poisoned = part.takes_model
+    with tf.control_dependencies([part.table]):
+      if start is not None:
+        begin = start()
+        values = [b + tf.cast(self.scale, v.dtype) * (v - b)
+                  for v, b in zip(values, begin)]
+      values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
+      sent = averaging.packed_bytes(values)
+
+      def group_sum(tensors, w, role="model"):
+        if self._per_group:
+          return self._group_averager.weighted_sum(
+              tensors, w, group_size, group_key, part.nccl, role=role)
+        return self._group_averager.weighted_sum(
+            tensors, w, role=role, group_size=group_size, group_key=group_key)
+
+      def together():
+        return group_sum(values, weight)
+
+      def hierarchical():
+        return self._hierarchical.weighted_sum(values, part)
+
+      if self.book.multi_host:  # a global sync crosses hosts hierarchically
+        grouped = together
+        together = lambda: tf.cond(part.is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
+      averaged = tf.cond(group_size > 1, together,
+                         lambda: [tf.identity(v) for v in values])
+      divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
+                            _relative_distance(values, averaged))
+    shared = []
+    if shared_state:
+      # After the model's collective (every member launches them in the
+      # same order); all members share the decision, so all take the same
+      # branch.
+      with tf.control_dependencies(averaged):
+        shared = [tf.cond(
+            part.rejoining & (group_size > 1),
+            lambda: _share(shared_state, part.state_weight, group_sum),
+            tf.no_op)]
+    with tf.control_dependencies(shared):
+      written = write_values(averaged, part.is_global)
+    if reset_state is not None:
+      with tf.control_dependencies([written]):
+        written = tf.cond(poisoned, reset_state, tf.no_op)
+    with tf.control_dependencies([written]):
+      next_sync, scale = tf.py_function(
+          self._on_averaged, [part.table, divergence, step, sent],
+          [tf.int64, tf.float32])
+    updates = [self.next_sync.assign(tf.reshape(next_sync, [])),
+               self.scale.assign(tf.reshape(scale, [])),
+               self.last_sync_step.assign(step),
+               self.syncs.assign_add(1)]
+    return tf.group(updates)
+
+
+def _share(variables, weight, group_sum):
+  """Assigns the group's weighted sum of `variables`: the holders' values
+  (a weight of 0 sends zeros: a non-finite value times 0 is NaN)."""
+  mine = [tf.where(weight > 0, v, tf.zeros_like(v)) for v in variables]
+  return tf.group([v.assign(a) for v, a in
+                   zip(variables, group_sum(mine, weight, "shared"))])
+
+
+def _relative_distance(values, averaged):
+  """|values - averaged| / |averaged| over all tensors (float32)."""
+  num = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v - a, tf.float32)))
+                  for v, a in zip(values, averaged)])
+  den = tf.add_n([tf.reduce_sum(tf.square(tf.cast(a, tf.float32)))
+                  for a in averaged])
+  return tf.sqrt(num) / (tf.sqrt(den) + 1e-12)

@@ -1,0 +1,1 @@
+"""Observability: round summaries and the TensorBoard dashboard."""

@@ -1,0 +1,1 @@
+"""Policy: table in, plan out. Pure Python, no TensorFlow."""

@@ -1,0 +1,235 @@
+"""The planner: step-rate table in, plan for the next round out.
+
+Pure Python (no TensorFlow): every member runs `plan()` on the same table
+snapshot (the chief's round decision carries it, see membership.py) and the
+same config, and so gets the same plan, byte for byte: the chief decides who
+is in a round, never what the plan is. `Plan.digest()` is the short hash
+workers log every round to show it. The table and plan are in records.py;
+how a round's events change its plan, in plan_changes.py.
+
+Words (DESIGN.md): a *round* ends at an averaging point; worker i runs
+`local_steps[i] ≈ rate_i · T` steps in it, so fast and slow workers arrive
+together; the time budget `T` comes from a period rule; *groups* average
+together every round and all workers every `global_every` rounds.
+"""
+
+import dataclasses
+import math
+import statistics
+from typing import Optional, Sequence
+
+from oscars_tf.policy.records import Plan, PlannerState, StepRateTable
+
+
+PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
+
+
+def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
+  """Rates to plan with: bad or stale entries replaced by the median.
+
+  A missing, non-finite, non-positive or stale (measured more than
+  `max_staleness` rounds ago) rate is ignored, and the worker is planned at
+  the median of the good rates (1.0 if there are none), so one bad row never
+  crashes or skews the plan. The plan names those workers (`imputed`); the
+  caller logs when that set changes, not every round.
+  """
+  good, bad = {}, []
+  for i, e in enumerate(table.entries):
+    ok = (isinstance(e.rate, float) and math.isfinite(e.rate) and e.rate > 0
+          and e.round >= 0 and round_ - e.round <= max_staleness)
+    if ok:
+      good[i] = e.rate
+    else:
+      bad.append(i)
+  fill = statistics.median(good.values()) if good else 1.0
+  return tuple(good.get(i, fill) for i in range(table.size)), tuple(bad)
+
+
+def make_groups(rates: Sequence[float], hosts: Sequence[str], grouping: str,
+                max_group_size: Optional[int]):
+  """Groups for a non-global round; every worker in exactly one group.
+
+  "host": workers of one host together (their averaging can use NCCL),
+  split by speed when a host has more than `max_group_size`.
+  "speed": workers of similar rate together, `max_group_size` at most.
+  "global": everyone together.
+  """
+  n = len(rates)
+  if grouping == "global":
+    return (tuple(range(n)),)
+  if grouping == "host":
+    by_host = {}
+    for i, h in enumerate(hosts):
+      by_host.setdefault(h, []).append(i)
+    buckets = [by_host[h] for h in sorted(by_host)]
+  else:
+    buckets = [list(range(n))]
+  groups = []
+  for bucket in buckets:
+    ordered = sorted(bucket, key=lambda i: (-rates[i], i))
+    size = max_group_size or len(ordered)
+    chunks = [ordered[j:j + size] for j in range(0, len(ordered), size)]
+    if len(chunks) > 1 and len(chunks[-1]) == 1:  # no one averages alone
+      chunks[-2].extend(chunks.pop())
+    groups.extend(tuple(sorted(c)) for c in chunks)
+  return tuple(sorted(groups))
+
+
+REGROUP_SPREAD = 1.25  # groups whose rates are this close are kept as is
+REGROUP_GAIN = 1.25    # else kept unless a regroup narrows them this much
+
+
+def _spread(groups, rates):
+  """The widest ratio of fastest to slowest rate inside one group."""
+  return max(max(rates[i] for i in g) / min(rates[i] for i in g)
+             for g in groups)
+
+
+def stable_groups(previous, fresh, rates):
+  """`previous` groups unless the table really changed, else `fresh`.
+
+  Regrouping on every wobble of the rates makes a new group almost every
+  round (each a new group resolution, and on GPUs a new NCCL communicator).
+  The previous groups stay while their rates are close, or while a regroup
+  would not narrow them by REGROUP_GAIN: a worker that became 4x slower
+  moves, 5 % noise moves no one.
+  """
+  previous = tuple(tuple(g) for g in previous)
+  n = len(rates)
+  if (not previous or sorted(i for g in previous for i in g) != list(range(n))
+      or any(r <= 0 or not math.isfinite(r) for r in rates)):
+    return fresh
+  kept = _spread(previous, rates)
+  if kept <= REGROUP_SPREAD or kept <= REGROUP_GAIN * _spread(fresh, rates):
+    return previous
+  return fresh
+
+
+def plan(table: StepRateTable, config, round_: int,
+         state: Optional[PlannerState] = None) -> Plan:
+  """The plan for round `round_` (see module docstring).
+
+  Args:
+    table: the step-rate table snapshot every worker holds.
+    config: an `oscars_tf.schedules.Adaptive` (or any object with its
+      fields); only read.
+    round_: the round to plan, 0 for the first.
+    state: the previous plan's `state`, or None for the first round.
+  """
+  n = table.size
+  if n < 1:
+    raise ValueError("plan: the table has no workers.")
+  rates, bad = usable_rates(table, round_, config.max_staleness)
+  if state is None:
+    state = PlannerState(period=float(config.initial_period),
+                         global_every=config.global_every)
+  state = config.period_rule.update(state, table, config)
+  period = min(max(state.period, config.min_period), config.max_period)
+  fastest, slowest = max(rates), min(rates)
+  median = statistics.median(rates)
+  stragglers = tuple(i for i, r in enumerate(rates)
+                     if r < config.straggler_ratio * median)
+  # T is about the fastest worker's `period` steps, rounded to a whole number
+  # of the slowest worker's steps; every worker takes k_i = rate_i * T to the
+  # nearest step and so arrives within half of one of its own steps of T (the
+  # slowest, at T). T never drops below one step of the slowest worker: a
+  # straggler takes one step and is waited for no longer than that.
+  time_budget = _whole_slow_steps(max(period / fastest, 1.0 / slowest),
+                                  slowest)
+  local_steps = tuple(_steps_in(r, time_budget) for r in rates)
+  if len(bad) == n:  # nothing measured yet: short, equal probe rounds
+    local_steps = (max(1, min(PROBE_STEPS, int(period))),) * n
+    time_budget = local_steps[0] / slowest  # all planned at the same rate
+
+  since = state.rounds_since_global + 1
+  global_sync = since >= state.global_every or config.grouping == "global"
+  kept = state.groups
+  if global_sync:
+    groups = (tuple(range(n)),)
+  else:
+    groups = kept = stable_groups(
+        kept, make_groups(rates, table.hosts, config.grouping,
+                          config.max_group_size), rates)
+  if len(groups) == 1:
+    global_sync = True
+  weights, scales = weights_and_scales(groups, local_steps, config.weighting)
+  global_every = state.global_every
+  # The table's divergences were measured two rounds back (a row carries
+  # the divergence of the round before it). Only one measured at a global
+  # sync says how far the groups drifted apart.
+  if state.previous_global and config.adaptive_global:
+    global_every = _adapt_global_every(global_every, table, config)
+  new_state = dataclasses.replace(
+      state, period=period, global_every=global_every,
+      rounds_since_global=0 if global_sync else since,
+      previous_global=round_ > 0 and state.rounds_since_global == 0,
+      groups=tuple(tuple(g) for g in kept))
+  return Plan(round=round_, time_budget=time_budget, local_steps=local_steps,
+              groups=groups, weights=weights,
+              update_scales=scales, global_sync=global_sync,
+              stragglers=stragglers, rates=rates, state=new_state,
+              imputed=bad)
+
+
+def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
+               round_: int, state: Optional[PlannerState] = None,
+               straggler_ratio: float = 0.25) -> Plan:
+  """Periodic averaging: `every` steps for everyone, all workers together."""
+  n = table.size
+  rates, _ = usable_rates(table, round_, max_staleness=3)
+  k = 1 if round_ < warmup_steps else every
+  median = statistics.median(rates)
+  state = state or PlannerState(period=float(every), global_every=1)
+  return Plan(round=round_, time_budget=k / median, local_steps=(k,) * n,
+              groups=(tuple(range(n)),), weights=(1.0 / n,) * n,
+              update_scales=(1.0,) * n, global_sync=True,
+              stragglers=tuple(i for i, r in enumerate(rates)
+                               if r < straggler_ratio * median),
+              rates=rates, state=state)
+
+
+def weights_and_scales(groups, local_steps, weighting):
+  """Averaging weights and FedNova update scales for each worker."""
+  n = len(local_steps)
+  weights, scales = [0.0] * n, [1.0] * n
+  for g in groups:
+    work = sum(local_steps[i] for i in g)
+    for i in g:
+      weights[i] = (local_steps[i] / work if weighting == "work"
+                    else 1.0 / len(g))  # "equal", "normalized"
+    if weighting == "normalized":  # FedNova: scale updates by tau_eff / k_i
+      tau = sum(weights[i] * local_steps[i] for i in g)
+      for i in g:
+        scales[i] = tau / local_steps[i]
+  return tuple(weights), tuple(scales)
+
+
+def _steps_in(rate, budget):
+  """k = rate * T to the nearest step (>= 1): a worker arrives within half a
+  step of T, early or late. (Flooring would make measured rates a hair under
+  nominal cost the fast workers a whole step of idling every round.)"""
+  return max(1, int(math.floor(rate * budget + 0.5)))
+
+
+def _whole_slow_steps(budget, slowest):
+  """T rounded to a whole number of the slowest worker's steps (>= 1).
+
+  The slowest worker's k is small, so flooring rate * T would leave it idle
+  for up to one of its (long) steps every round; a budget it fills exactly
+  costs the fast workers less than one of their (short) steps instead.
+  """
+  return max(1, round(budget * slowest)) / slowest
+
+
+def _adapt_global_every(current, table, config):
+  """Fewer global syncs while groups stay close, more when they drift
+  (`table`'s divergences measured at a global sync)."""
+  divs = [e.divergence for e in table.entries if math.isfinite(e.divergence)]
+  if not divs:
+    return current
+  d = max(divs)
+  if d > config.divergence_high:
+    return max(1, current // 2)
+  if d < config.divergence_low:
+    return min(config.max_global_every, current * 2)
+  return current

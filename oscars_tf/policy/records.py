@@ -1,0 +1,111 @@
+"""The step-rate table and the plan: what the planner reads and writes.
+
+Pure Python. Both are frozen dataclasses that every member holds alike;
+`Plan.digest()` is the short hash workers log every round to show it.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Tuple
+
+
+FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
+          "healthy", "exhausted")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableEntry:
+  """One worker's row: what it measured, and in which round."""
+  rate: float = math.nan           # compute steps/s (EMA), waits excluded
+  round: int = -1                  # round the row was measured in
+  loss: float = math.nan           # training loss at that round's end
+  divergence: float = math.nan     # distance from the group mean / its norm
+  learning_rate: float = math.nan  # the optimizer's learning rate then
+  steps: int = 0                   # local steps it ran in that round
+  healthy: bool = True             # its weights were all finite then
+  exhausted: bool = False          # its data for the epoch had run out
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRateTable:
+  """The global view: a row per worker, and the host of each worker."""
+  entries: Tuple[TableEntry, ...]
+  hosts: Tuple[str, ...]
+
+  def __post_init__(self):
+    if len(self.entries) != len(self.hosts):
+      raise ValueError("StepRateTable: one host per entry is required.")
+
+  @classmethod
+  def from_rows(cls, rows, hosts):
+    """From a sequence of per-worker sequences in FIELDS order."""
+    entries = []
+    for row in rows:
+      values = [float(x) for x in row] + [0.0] * (len(FIELDS) - len(row))
+      rate, rnd, loss, div, lr, steps, healthy, exhausted = values
+      entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
+                                loss, div, lr,
+                                int(steps) if math.isfinite(steps) else 0,
+                                healthy > 0.5, exhausted > 0.5))
+    return cls(tuple(entries), tuple(hosts))
+
+  @property
+  def size(self):
+    return len(self.entries)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerState:
+  """What the planner carries from round to round (identical on all)."""
+  period: float              # local steps of the fastest worker per round
+  global_every: int          # rounds between global syncs
+  rounds_since_global: int = 0
+  initial_loss: float = math.nan
+  groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
+  previous_global: bool = False  # the round before the last was global
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The next round, for every worker."""
+  round: int
+  time_budget: float                 # T, seconds
+  local_steps: Tuple[int, ...]       # k_i >= 1
+  groups: Tuple[Tuple[int, ...], ...]
+  weights: Tuple[float, ...]         # within each group they sum to 1
+  update_scales: Tuple[float, ...]   # FedNova: tau_eff / k_i; else 1
+  global_sync: bool
+  stragglers: Tuple[int, ...]
+  rates: Tuple[float, ...]           # the rates planned with (imputed)
+  state: PlannerState
+  epoch_end: bool = False            # the epoch ends with this round
+  imputed: Tuple[int, ...] = ()      # planned at the median: no usable rate
+
+  def group_of(self, worker: int) -> Tuple[int, ...]:
+    for g in self.groups:
+      if worker in g:
+        return g
+    raise KeyError(f"worker {worker} is in no group of plan {self.round}")
+
+  def to_json(self) -> str:
+    """Canonical JSON (floats to 12 significant digits) for the digest."""
+    body = _map_floats(dataclasses.asdict(self),
+                       lambda x: float(f"{x:.12g}") if isinstance(x, float)
+                       else x)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+  def digest(self) -> str:
+    """8 hex digits; equal plans have equal digests on every worker."""
+    return hashlib.sha256(self.to_json().encode()).hexdigest()[:8]
+
+
+def _map_floats(x, fn):
+  if isinstance(x, dict):
+    return {k: _map_floats(v, fn) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_map_floats(v, fn) for v in x]
+  if isinstance(x, float) and not math.isfinite(x):
+    return repr(x)
+  return fn(x)

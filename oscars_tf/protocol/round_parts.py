@@ -1,0 +1,90 @@
+"""One worker's part in a round's averaging, from the round's decision:
+its group, key and weights, and across hosts its place in a hierarchical
+global sync. No TensorFlow; the graph side (distribute/rounds.py) takes a
+RoundPart's fields as tensors.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from absl import logging
+
+from oscars_tf.policy import plan_changes
+
+
+class RoundPart(NamedTuple):
+  """This worker's part in a round's averaging, as the decision fixes it."""
+  table: np.ndarray      # every worker's row, flattened (n * ROW)
+  weight: float          # this worker's weight in its group's sum
+  takes_model: bool      # poisoned or rejoining: sends zeros, takes the sum
+  group_key: int
+  group_size: int
+  nccl: bool             # the group is on one host
+  is_global: bool
+  rejoining: bool        # someone rejoins: shared state is averaged too
+  state_weight: float    # this worker's weight for that shared state
+  # A global sync across hosts (see plan_changes.host_part); placeholders on one
+  # host.
+  host_key: int
+  host_size: int
+  weight_in_host: float
+  is_leader: bool
+  leaders_key: int
+  leaders_size: int
+  host_share: float
+
+
+class NextRound(NamedTuple):
+  """Where this worker's next averaging point is, and its update scale."""
+  next_sync: int
+  scale: float
+
+
+def multi_host(hosts):
+  return len(set(hosts)) > 1
+
+
+def register_groups(group_keys, plan, hosts, members):
+  """Keys for every group this round may use, in the same order on every
+  member (see group_keys.py): the plan's, and across hosts each host's
+  members and the hosts' leaders (for a global sync)."""
+  group_keys.register(plan.groups)
+  if multi_host(hosts):
+    by_host = {}
+    for i in sorted(members):
+      by_host.setdefault(hosts[i], []).append(i)
+    by_host = sorted(by_host.values())
+    group_keys.register(by_host + [[h[0] for h in by_host]])
+
+
+def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
+            rejoining):
+  """Worker `me`'s RoundPart under `plan`; `sound[j]`: worker j adds its
+  model (a member, finite weights, not rejoining)."""
+  group = plan.group_of(me)
+  takes_model = not sound[me]
+  if not any(sound[j] for j in group):
+    logging.error("oscars_tf: worker %d round %d: every member of group %s "
+                  "has non-finite weights: training diverged (try a lower "
+                  "learning rate).", me, round_, list(group))
+    takes_model = False
+  # State sound members share (outer momentum) goes to newcomers: equal
+  # weights over the group's sound members, whatever their steps.
+  holders = [j for j in group if sound[j]] or list(group)
+  return RoundPart(
+      table, plan_changes.healthy_weight(plan, me, sound), takes_model,
+      group_keys.key(group), len(group),
+      len({hosts[i] for i in group}) == 1, plan.global_sync, rejoining,
+      1.0 / len(holders) if me in holders else 0.0,
+      *_host_part(me, plan, hosts, members, sound, group_keys))
+
+
+def _host_part(me, plan, hosts, members, sound, group_keys):
+  """Hierarchical-sync fields of worker `me` (used for a global sync across
+  hosts; on one host, placeholders)."""
+  if not multi_host(hosts):
+    return (0, 1, 1.0, True, 0, 1, 1.0)
+  part = plan_changes.host_part(plan, me, hosts, members, sound)
+  return (group_keys.key(part.host), len(part.host), part.weight_in_host,
+          me == part.host[0], group_keys.key(part.leaders), len(part.leaders),
+          part.host_share)

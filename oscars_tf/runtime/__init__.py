@@ -1,0 +1,1 @@
+"""TensorFlow runtime: the server and coordination service, the averaging collectives."""

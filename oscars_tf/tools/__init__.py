@@ -1,0 +1,1 @@
+"""Tools: start and watch worker processes, network emulation. No TensorFlow."""

@@ -1,0 +1,125 @@
+"""The round book over an in-memory store: the whole Python side of a round
+(arrival, membership, this worker's part, the next plan) with no TensorFlow
+and no processes: one thread per simulated worker."""
+
+import math
+import types
+
+import pytest
+
+from fake_store import FakeStore, run_threads
+from oscars_tf import schedules
+from oscars_tf.protocol import membership
+from oscars_tf.protocol import round_book
+
+
+def _info(me, hosts):
+  workers = [("worker", j, f"{h}:{2000 + j}") for j, h in enumerate(hosts)]
+  return types.SimpleNamespace(worker_index=me, num_workers=len(hosts),
+                               workers=workers, is_multi_worker=True)
+
+
+def _books(hosts, schedule=None):
+  store = FakeStore()
+  n = len(hosts)
+  return [round_book.RoundBook(
+      _info(i, hosts), schedule or schedules.Adaptive(),
+      membership=membership.Membership(store, i, n, 5.0, 10.0))
+          for i in range(n)]
+
+
+def _round(books, steps, finite=None):
+  """One round on every book: arrive, then averaged. Returns the parts
+  and next rounds."""
+  finite = finite or [True] * len(books)
+
+  def run(i):
+    b = books[i]
+    b.mark_round_start()
+    start = b.last_sync_step
+    part = b.arrive(start + steps[i], 1.0 + i, finite[i])
+    return part, b.averaged(part.table, 0.01, start + steps[i], 1000)
+  out, errors = run_threads([lambda i=i: run(i) for i in range(len(books))])
+  assert errors == [None] * len(books)
+  return [o[0] for o in out], [o[1] for o in out]
+
+
+def _group_weights(parts):
+  """Sum of the members' weights per group (each should be 1)."""
+  sums = {}
+  for p in parts:
+    sums[p.group_key] = sums.get(p.group_key, 0.0) + p.weight
+  return sums
+
+
+@pytest.mark.parametrize("hosts", [("a",) * 3, ("a", "a", "b")],
+                         ids=["one_host", "two_hosts"])
+def test_every_member_holds_the_same_table_and_plans_alike(hosts):
+  books = _books(hosts)
+  for r in range(4):
+    parts, nexts = _round(books, steps=[12, 8, 4])
+    assert len({p.table.tobytes() for p in parts}) == 1
+    assert len({b.plan.digest() for b in books}) == 1
+    for s in _group_weights(parts).values():
+      assert s == pytest.approx(1.0)
+    for b, p, nxt in zip(books, parts, nexts):
+      assert b.round == r + 1
+      assert nxt.next_sync == b.last_sync_step + b.plan.local_steps[b.me]
+      assert not p.takes_model
+      assert p.group_size == len(b.history[-1]["group"])
+      assert p.is_global == b.history[-1]["global_sync"]
+  # Every member's measured rate is in the table, and planned from.
+  rates = books[0].history[-1]["table_rates"]
+  assert all(math.isfinite(r) and r > 0 for r in rates)
+  assert books[0].plan.rates == pytest.approx(rates)
+  assert [e["members"] for e in books[1].history] == [[0, 1, 2]] * 4
+
+
+def test_two_hosts_give_each_worker_its_place_in_a_global_sync():
+  books = _books(("a", "a", "b"))
+  parts, _ = _round(books, steps=[8, 8, 8])
+  # Host a's leader is worker 0, host b's is worker 2; host a's members
+  # split its share, and the leaders' shares add up to one.
+  assert [p.is_leader for p in parts] == [True, False, True]
+  assert parts[0].host_key == parts[1].host_key != parts[2].host_key
+  assert parts[0].host_size == 2 and parts[2].host_size == 1
+  assert parts[0].weight_in_host + parts[1].weight_in_host == (
+      pytest.approx(1.0))
+  assert parts[0].host_share + parts[2].host_share == pytest.approx(1.0)
+  assert parts[0].leaders_key == parts[2].leaders_key
+
+
+def test_a_member_with_non_finite_weights_adds_nothing_and_takes_the_model():
+  books = _books(("a",) * 3, schedules.Fixed(4))
+  parts, _ = _round(books, steps=[4, 4, 4], finite=[True, False, True])
+  assert [p.takes_model for p in parts] == [False, True, False]
+  assert parts[1].weight == 0.0
+  assert parts[0].weight + parts[2].weight == pytest.approx(1.0)
+  assert books[0].history[-1]["poisoned"] == [1]
+
+
+def test_one_worker_needs_no_store_and_averages_alone():
+  info = types.SimpleNamespace(worker_index=0, num_workers=1,
+                               workers=[("worker", 0, "a:1")],
+                               is_multi_worker=False)
+  book = round_book.RoundBook(info, schedules.Fixed(5))
+  book.mark_round_start()
+  part = book.arrive(5, 0.5, True)
+  assert (part.group_size, part.weight, part.takes_model) == (1, 1.0, False)
+  nxt = book.averaged(part.table, 0.0, 5, 0)
+  assert nxt.next_sync == 10 and math.isfinite(nxt.scale)
+  assert book.history[-1]["loss"] == 0.5
+
+
+def test_an_epoch_target_ends_the_epoch_on_every_member_at_once():
+  books = _books(("a",) * 2, schedules.Fixed(4))
+  for b in books:
+    b.begin_epoch(0, target_steps=20)
+  rounds = 0
+  while not books[0].epoch_over:
+    ks = [b.plan.local_steps[b.me] for b in books]
+    _round(books, steps=ks)
+    rounds += 1
+    assert rounds < 10
+  assert books[1].epoch_over
+  assert books[0].epoch_done == books[1].epoch_done == 20
