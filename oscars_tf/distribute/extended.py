@@ -56,7 +56,6 @@ def _inside_while_loop():
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                      inputs.WorkerInputs, replicas.LocalSGDReplicas,
-                     summaries.RoundLogging,
                      mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
@@ -64,6 +63,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                communication, collective_timeout, local_replicas="mirrored",
                simulate=None, outer_optimizer=None, straggler_timeout=60.0):
     self._cluster = info
+    self._roles_resolver = None  # multi_worker_roles: built when asked for
     self._outer = outer_lib.OuterStates(outer_optimizer)
     self._local_sgd = local_replicas == "local_sgd"
     self._schedule = schedule
@@ -93,6 +93,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout,
             is_gone=is_gone) if info.is_multi_worker else None)
+    self.round_logs = summaries.RoundLogging(info, self._book)
     self._rounds = rounds_lib.Rounds(
         self._book, self._host, averaging_device, self._communication,
         collective_timeout, per_group_nccl=per_group_nccl)

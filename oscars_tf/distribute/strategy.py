@@ -141,7 +141,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     if cluster_resolver is not None:  # handed back as given, as MWMS does
       self.extended._cluster_resolver = cluster_resolver  # pylint: disable=protected-access
     if logdir:
-      self.extended.set_logdir(logdir)
+      self.extended.round_logs.set_logdir(logdir)
     if profile.active:
       for line in profile.describe(info.num_workers):
         logging.warning("oscars_tf: %s", line)
@@ -262,7 +262,7 @@ class OscarsStrategy(tf.distribute.Strategy):
   def write_timeline(self):
     """Flushes summaries and writes `<logdir>/timeline_worker_<i>.json`
     (done by `fit` at its end; a custom loop calls it when done)."""
-    self.extended.finish_logs()
+    self.extended.round_logs.finish_logs()
 
   def stats(self):
     """Counters of this worker: `local_step`, `syncs` (averaging points it

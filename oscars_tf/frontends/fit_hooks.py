@@ -75,7 +75,7 @@ class FitHooks:
     self._extended.epochs.finish()
     self._extended.epochs.read_in_order(None)  # a read ahead stops waiting
     self._extended.epochs.end_training()
-    self._extended.finish_logs()
+    self._extended.round_logs.finish_logs()
     self.in_fit = False
 
 

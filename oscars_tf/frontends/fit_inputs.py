@@ -206,10 +206,10 @@ def rewrite_fit_args(extended, args, flavour, tensorboard_type):
   of planned epochs, and leaves the progress bar to the chief.
   """
   info = extended.cluster
-  if not extended.logdir:  # log next to Keras' TensorBoard callback
+  if not extended.round_logs.logdir:  # log next to Keras' TensorBoard callback
     for cb in args["callbacks"] or []:
       if isinstance(cb, tensorboard_type):
-        extended.set_logdir(cb.log_dir)
+        extended.round_logs.set_logdir(cb.log_dir)
   check_has_samples(args["x"], info.num_workers)
   extended.epochs.set_target(None)
   args["callbacks"] = list(args["callbacks"] or [])

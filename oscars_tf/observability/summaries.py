@@ -73,11 +73,14 @@ class RoundSummaries:
 
 
 class RoundLogging:
-  """Mixin for the extended: its summaries and timeline (reads the
-  extended's `_cluster` and `_book`)."""
+  """One worker's round logs: its summaries as rounds end, its timeline at
+  the end (from the round book's history)."""
 
-  _logdir = None
-  _summaries = None
+  def __init__(self, cluster, book):
+    self._cluster = cluster
+    self._book = book
+    self._logdir = None
+    self._summaries = None
 
   @property
   def logdir(self):

@@ -149,7 +149,6 @@ class PerGroupAverager:
   def __init__(self, group_size, group_key, device, timeout):
     self.nccl = GroupAverager(group_size, group_key, device, "NCCL", timeout)
     self.ring = GroupAverager(group_size, group_key, device, "RING", timeout)
-    self.timeout = timeout
 
   def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl,
                    role="model"):

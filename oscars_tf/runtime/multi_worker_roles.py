@@ -13,13 +13,14 @@ from oscars_tf import cluster
 
 
 class MultiWorkerRoles:
-  """Mixin for the extended: chief, task and resolver, as TF's MWMS."""
+  """Mixin for the extended: chief, task and resolver, as TF's MWMS (the
+  extended sets `_cluster` and `_roles_resolver` in its __init__)."""
 
   @property
   def _cluster_resolver(self):
     """The user's `ClusterResolver`, else one built from the cluster (see
     `cluster.resolver_for`); `Strategy.cluster_resolver` returns it."""
-    if getattr(self, "_roles_resolver", None) is None:
+    if self._roles_resolver is None:
       self._roles_resolver = cluster.resolver_for(self._cluster,
                                                   self.worker_devices)
     return self._roles_resolver
