@@ -12,8 +12,12 @@ def __getattr__(name):
   # Lazy so that TensorFlow-free parts (the launcher, the policy) can be
   # imported without paying for, or needing, TensorFlow.
   if name == "OscarsStrategy":
-    from oscars_tf.distribute.strategy import OscarsStrategy  # pylint: disable=g-import-not-at-top
-    return OscarsStrategy
+    # pylint: disable=g-import-not-at-top
+    from oscars_tf import frontends
+    from oscars_tf.distribute import strategy
+    if frontends.install not in strategy.CREATION_HOOKS:
+      strategy.CREATION_HOOKS.append(frontends.install)
+    return strategy.OscarsStrategy
   raise AttributeError(f"module 'oscars_tf' has no attribute {name!r}")
 
 __all__ = ["OscarsStrategy", "schedules", "OscarsError", "ClusterConfigError",

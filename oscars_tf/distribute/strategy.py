@@ -24,6 +24,12 @@ from oscars_tf.distribute.startup import OPTIMIZER_STATES
 LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
 
 
+# Called, without arguments, whenever a strategy is created: the package
+# registers the Keras front ends' `install` here (they sit above this layer,
+# so the strategy cannot import them).
+CREATION_HOOKS = []
+
+
 class OscarsStrategy(tf.distribute.Strategy):
   """Local SGD across workers with periodic, exact model averaging.
 
@@ -145,8 +151,8 @@ class OscarsStrategy(tf.distribute.Strategy):
     if profile.active:
       for line in profile.describe(info.num_workers):
         logging.warning("oscars_tf: %s", line)
-    from oscars_tf import frontends  # pylint: disable=g-import-not-at-top
-    frontends.install()
+    for hook in CREATION_HOOKS:
+      hook()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
                  info.worker_index, info.num_workers,
                  self.extended.worker_devices, schedule)
