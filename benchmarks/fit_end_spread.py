@@ -46,19 +46,18 @@ spread of on_train_end (after the final collective), the longest teardown
 (compute + wait + communication), against which the spreads are read.
 """
 
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
 
 from absl import app
 from absl import flags
+import job_log
+import worker_netns
 
 from oscars_tf import launch
 
@@ -198,84 +197,27 @@ def worker_main():
 # -- network namespaces (slow_links) -------------------------------------
 
 
-def _ip(*args, check=True):
-  return subprocess.run(["ip", *args], capture_output=True, text=True,
-                        timeout=20, check=check)
-
-
-class Namespaces:
-  """A hub namespace with a bridge, and one namespace per worker, each with
-  its own address; every worker's link rate-limited by tbf. (The minimal
-  part of tests/test_netns.py's class of the same name.)"""
-
-  def __init__(self, n):
-    tag = uuid.uuid4().hex[:6]
-    self.hub = f"oscars_fes_hub_{tag}"
-    self.workers = [f"oscars_fes_w{i}_{tag}" for i in range(n)]
-    self.created = []
-
-  def address(self, i):
-    return f"{SUBNET}.{i + 1}"
-
-  def create(self, rate):
-    _ip("netns", "add", self.hub)
-    self.created.append(self.hub)
-    _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-    _ip("-n", self.hub, "link", "set", "br0", "up")
-    for i, ns in enumerate(self.workers):
-      _ip("netns", "add", ns)
-      self.created.append(ns)
-      _ip("-n", ns, "link", "set", "lo", "up")
-      _ip("-n", self.hub, "link", "add", f"h{i}", "type", "veth", "peer",
-          "name", "eth0", "netns", ns)
-      _ip("-n", self.hub, "link", "set", f"h{i}", "master", "br0")
-      _ip("-n", self.hub, "link", "set", f"h{i}", "up")
-      _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-      _ip("-n", ns, "link", "set", "eth0", "up")
-      subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
-                      "eth0", "root", "tbf", "rate", rate, "burst", "256kb",
-                      "latency", "50ms"], capture_output=True, text=True,
-                     timeout=20, check=True)
-
-  def remove(self):
-    for ns in reversed(self.created):
-      _ip("netns", "del", ns, check=False)
-    self.created = []
-
-
 def make_namespaces(rate):
-  """(Namespaces, None), or (None, why not) where this machine refuses."""
+  """(WorkerNamespaces, None), every worker's link rate-limited by tbf,
+  or (None, why not) where this machine refuses."""
   if os.geteuid() != 0:
     return None, "network namespaces need root (CAP_NET_ADMIN)"
-  spaces = Namespaces(NUM_WORKERS)
+  spaces = worker_netns.WorkerNamespaces(NUM_WORKERS, SUBNET,
+                                        prefix="oscars_fes")
   try:
-    spaces.create(rate)
+    spaces.create()
+    why = spaces.shape(["tbf", "rate", rate, "burst", "256kb", "latency",
+                        "50ms"])
   except (subprocess.CalledProcessError, OSError,
           subprocess.TimeoutExpired) as e:
-    spaces.remove()
     why = (getattr(e, "stderr", None) or str(e)).strip()
+  if why is not None:
+    spaces.remove()
     return None, f"cannot create network namespaces or tbf here: {why}"
   return spaces, None
 
 
 # -- the driver ------------------------------------------------------------
-
-
-class _Log(io.TextIOBase):
-  """A thread-safe text sink for launch.Job's prefixed worker output."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self._parts = []
-
-  def write(self, s):
-    with self._lock:
-      self._parts.append(s)
-    return len(s)
-
-  def text(self):
-    with self._lock:
-      return "".join(self._parts)
 
 
 def _env():
@@ -318,7 +260,7 @@ def run_slow_links(schedule, input_kind, outdir, spaces):
   # enters the namespace its environment names.
   command = ["sh", "-c", f'exec ip netns exec "${NETNS_ENV}" "$0" "$@"'
              ] + _worker_command(schedule, input_kind, outdir)
-  log = _Log()
+  log = job_log.JobLog()
   job = launch.Job(command, NUM_WORKERS, env=env,
                    worker_env={i: {NETNS_ENV: ns}
                                for i, ns in enumerate(spaces.workers)},

@@ -1,14 +1,24 @@
-"""Test-process setup: two logical CPU devices, quiet TensorFlow logs.
+"""Test-process setup: two logical CPU devices, quiet TensorFlow logs, and
+the benchmarks' helper modules importable.
 
 Logical devices must be configured before TensorFlow's runtime starts, so it
 happens here, before any test module runs an op.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.pop("TF_CONFIG", None)
+
+# The tests share the benchmarks' job helpers (benchmarks/job_log.py,
+# worker_netns.py) and import them as the benchmarks do. Last on the path:
+# nothing of the tests' own is shadowed. (Under Bazel, //benchmarks:helpers
+# puts them on the path too.)
+sys.path.append(os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "benchmarks"))
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

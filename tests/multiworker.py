@@ -5,34 +5,17 @@ process groups) and the test fails with the workers' output.
 """
 
 import dataclasses
-import io
 import json
 import os
 import pathlib
 import sys
 import tempfile
-import threading
+
+import job_log
 
 from oscars_tf import launch
 
 WORKER_PROGRAM = pathlib.Path(__file__).with_name("worker_programs.py")
-
-
-class _Log(io.TextIOBase):
-  """A thread-safe text sink for the workers' prefixed output."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self._parts = []
-
-  def write(self, s):
-    with self._lock:
-      self._parts.append(s)
-    return len(s)
-
-  def text(self):
-    with self._lock:
-      return "".join(self._parts)
 
 
 @dataclasses.dataclass
@@ -65,7 +48,7 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
   first argument is then the params) on `num_workers` processes."""
   outdir = tempfile.mkdtemp(prefix=f"oscars_{scenario}_")
   params = dict(params or {}, outdir=outdir)
-  log = _Log()
+  log = job_log.JobLog()
   command = ([sys.executable, str(program), json.dumps(params)] if program
              else [sys.executable, str(WORKER_PROGRAM), scenario,
                    json.dumps(params)])
@@ -91,7 +74,7 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
 
 def run_command(command, num_workers, timeout=180, env=None):
   """Runs `command` (argv) on `num_workers` launched workers; (codes, log)."""
-  log = _Log()
+  log = job_log.JobLog()
   job = launch.Job(command, num_workers, env=worker_env(env), out=log)
   try:
     codes, failed = job.wait(timeout=timeout, grace=3)

@@ -16,79 +16,29 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 import faults
 import multiworker
+import worker_netns
 
 SUBNET = "10.213.77"
 PORT = 23456
 STRAGGLER_S = 3
 
 
-def _ip(*args, check=True):
-  return subprocess.run(["ip", *args], capture_output=True, text=True,
-                        timeout=20, check=check)
-
-
-class Namespaces:
-  """A hub namespace with a bridge, and one namespace per worker."""
-
-  def __init__(self, n):
-    tag = uuid.uuid4().hex[:6]
-    self.hub = f"oscars_hub_{tag}"
-    self.workers = [f"oscars_w{i}_{tag}" for i in range(n)]
-    self.shaping = None
-    self.created = []
-
-  def create(self):
-    _ip("netns", "add", self.hub)
-    self.created.append(self.hub)
-    _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-    _ip("-n", self.hub, "link", "set", "br0", "up")
-    for i, ns in enumerate(self.workers):
-      _ip("netns", "add", ns)
-      self.created.append(ns)
-      _ip("-n", ns, "link", "set", "lo", "up")
-      _ip("-n", self.hub, "link", "add", f"h{i}", "type", "veth", "peer",
-          "name", "eth0", "netns", ns)
-      _ip("-n", self.hub, "link", "set", f"h{i}", "master", "br0")
-      _ip("-n", self.hub, "link", "set", f"h{i}", "up")
-      _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-      _ip("-n", ns, "link", "set", "eth0", "up")
-
-  def address(self, i):
-    return f"{SUBNET}.{i + 1}"
-
-  def shape(self, kind):
-    """Delays (netem) or rate-limits (tbf) every worker's link."""
-    spec = {"netem": ["netem", "delay", "5ms", "1ms"],
-            "tbf": ["tbf", "rate", "200mbit", "burst", "256kb", "latency",
-                    "50ms"]}[kind]
-    for ns in self.workers:
-      out = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add",
-                            "dev", "eth0", "root", *spec],
-                           capture_output=True, text=True, timeout=20)
-      if out.returncode:
-        return out.stderr.strip()
-    self.shaping = " ".join(spec)
-    return None
-
-  def cut(self, i):
-    _ip("-n", self.hub, "link", "set", f"h{i}", "down")
-
-  def remove(self):
-    for ns in reversed(self.created):
-      _ip("netns", "del", ns, check=False)
+# Each worker's link: delayed (netem) or rate-limited (tbf).
+QDISCS = {"netem": ["netem", "delay", "5ms", "1ms"],
+          "tbf": ["tbf", "rate", "200mbit", "burst", "256kb", "latency",
+                  "50ms"]}
 
 
 @pytest.fixture
 def namespaces():
   if os.geteuid() != 0:
     pytest.skip("network namespaces need root (CAP_NET_ADMIN)")
-  spaces = Namespaces(3)
+  spaces = worker_netns.WorkerNamespaces(3, SUBNET)
   try:
     spaces.create()
   except (subprocess.CalledProcessError, OSError) as e:
@@ -133,7 +83,7 @@ def _wait(proc, timeout, tmp_path, i):
 @pytest.mark.parametrize("shaping", ["netem", "tbf"])
 def test_training_over_shaped_links_survives_a_cut_link(namespaces, tmp_path,
                                                         shaping):
-  problem = namespaces.shape(shaping)
+  problem = namespaces.shape(QDISCS[shaping])
   if problem:
     pytest.skip(f"tc qdisc {shaping} unavailable on this kernel: {problem}")
   ckpt, result = tmp_path / "ckpt", tmp_path / "result.json"

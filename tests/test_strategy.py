@@ -230,13 +230,18 @@ def test_local_sgd_among_local_replicas():
     oscars_tf.OscarsStrategy(local_replicas="async")
 
 
-def test_outer_momentum_steps_from_the_last_global_average():
-  """One worker, two local replicas doing local SGD, Fixed(every=1)."""
-  outer = oscars_tf.schedules.OuterMomentum(learning_rate=0.5, momentum=0.5,
-                                            nesterov=False)
-  strategy = oscars_tf.OscarsStrategy(
-      devices=DEVICES, local_replicas="local_sgd", outer_optimizer=outer,
+def _outer_momentum_strategy(**outer_momentum):
+  """One worker, two local replicas doing local SGD, averaged at every step
+  and moved by OuterMomentum(**outer_momentum)."""
+  return oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd",
+      outer_optimizer=oscars_tf.schedules.OuterMomentum(**outer_momentum),
       schedule=oscars_tf.schedules.Fixed(every=1))
+
+
+def test_outer_momentum_steps_from_the_last_global_average():
+  strategy = _outer_momentum_strategy(learning_rate=0.5, momentum=0.5,
+                                      nesterov=False)
   with strategy.scope():
     w = tf.Variable([1.0, 1.0])
     opt = keras.optimizers.SGD(1.0)
@@ -272,11 +277,8 @@ def test_outer_momentum_moves_trainable_weights_only():
   """Statistics and optimizer slots take the plain average: momentum
   extrapolation would drive a shrinking non-negative one (a moving variance,
   Adam's second moment) below zero."""
-  outer = oscars_tf.schedules.OuterMomentum(learning_rate=1.0, momentum=0.9,
-                                            nesterov=True)
-  strategy = oscars_tf.OscarsStrategy(
-      devices=DEVICES, local_replicas="local_sgd", outer_optimizer=outer,
-      schedule=oscars_tf.schedules.Fixed(every=1))
+  strategy = _outer_momentum_strategy(learning_rate=1.0, momentum=0.9,
+                                      nesterov=True)
   with strategy.scope():
     w = tf.Variable([1.0, 1.0])
     # Per replica, as Keras' BatchNormalization keeps its moving statistics.

@@ -13,6 +13,7 @@ import pathlib
 import sys
 import time
 
+import job_log
 import multiworker
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ ENV = {"OSCARS_SIMULATE_STEP_TIME": "20ms*1,3", "TUTORIAL_STEPS": "6"}
 def _run(tutorial, outdir, tf_configs=None, timeout=300, env=None):
   """Runs `tutorial` on 2 workers (TF_CONFIG per worker: `tf_configs`, else
   oscars-launch's 'worker' jobs); returns the reports by (type, id)."""
-  log = multiworker._Log()  # pylint: disable=protected-access
+  log = job_log.JobLog()
   job = launch.Job(
       [sys.executable, PROGRAM, tutorial, str(outdir)], 2,
       env=multiworker.worker_env(dict(ENV, **(env or {}))), out=log,

@@ -2,7 +2,8 @@
 
 One module per Keras flavour holds every hook into that flavour's internals
 (`keras3` for Keras 3, `tf_keras` for legacy Keras 2); what a hook does is
-flavour-agnostic and lives in `fit_hooks` (epoch ends, log averaging, stop
+flavour-agnostic and lives in `method_wrappers` (the wrapped `fit`,
+`evaluate` and `predict`), `fit_hooks` (epoch ends, log averaging, stop
 agreement) and `fit_inputs` (each worker's share of the training input).
 """
 

@@ -13,7 +13,8 @@ Two ways to split an epoch between workers:
 
 Either way the cluster sees each training sample about once per epoch.
 Nothing here imports Keras: the flavour passes what it knows (its PyDataset
-class, its validation split) through `Flavour`.
+class, its validation split) through `Flavour`, and builds its PyDataset
+shards and streams on `BatchShard` and `OwnBatchOrder`.
 """
 
 import dataclasses
@@ -163,6 +164,42 @@ def _py_dataset(flavour, inp, w, i, planned):
                     cluster_steps=cluster, kind="PyDataset, planned")
   return dataclasses.replace(inp, x=flavour.shard_py_dataset(data, w, i),
                              kind="PyDataset, sharded")
+
+
+class BatchShard:
+  """Batches `index`, `index + n`, ... of a PyDataset or Sequence: one
+  worker's shard. A mixin for the flavour's class, which sets `data`,
+  `num_workers` and `index`.
+
+  Equal shards (the last `len % n` batches are left out) keep workers of a
+  Fixed schedule in step.
+  """
+
+  def __len__(self):
+    return len(self.data) // self.num_workers
+
+  def __getitem__(self, i):
+    if not 0 <= i < len(self):
+      raise IndexError(f"batch {i} of a shard of {len(self)}")
+    return self.data[self.index + i * self.num_workers]
+
+
+class OwnBatchOrder:
+  """Worker `index`'s own order of a PyDataset's or Sequence's batches, pass
+  after pass: a permutation per pass, seeded by the worker and the pass, so
+  that streaming workers draw each batch about once per cluster epoch."""
+
+  def __init__(self, index):
+    self.index = index
+    self._pass = (None, None)  # the last pass drawn, and its permutation
+
+  def batch(self, i, length):
+    """The batch (of `length`) at position `i` of this worker's stream."""
+    cycle, pos = divmod(i, length)
+    if self._pass[0] != cycle:
+      rng = np.random.default_rng([1000 + self.index, cycle])
+      self._pass = (cycle, rng.permutation(length))
+    return int(self._pass[1][pos])
 
 
 def _ordered_batches(data, order, batch):

@@ -1,37 +1,23 @@
 """Keras 3: `model.fit/evaluate/predict` correct under OscarsStrategy.
 
 Every hook into Keras 3's internals is here, each with why; each is guarded
-by `tests/test_frontends.py`, which fails loudly when a Keras upgrade moves
-one. `install()` wraps the methods of Keras 3's TensorFlow trainer; the
-wrappers act only for models built under an OscarsStrategy.
-
-For `fit` they give each worker its share of the input (`fit_inputs`), add
-two callbacks (`fit_hooks`: the agreed epoch end, log averaging before any
-other callback, the stop agreement after all of them), let only the chief
-write checkpoints and backups, and give each other worker its own
-TensorBoard directory. `evaluate` and `predict` run on every worker over
-the whole input with no collective: after `fit` all workers hold the same
-averaged model, so they all return the same numbers.
+by `tests/test_frontends_keras3.py`, which fails loudly when a Keras upgrade
+moves one. `install()` wraps the methods of Keras 3's TensorFlow trainer
+with `method_wrappers` (what the wrappers do, whatever the flavour);
+`_FRONTEND` says what Keras 3 does its own way: its callbacks, which let
+only the chief write checkpoints and backups and give each other worker its
+own TensorBoard directory, its progress bar of planned epochs, and its
+epoch iterators (`keras3_inputs`).
 """
 
-import functools
 import inspect
-import os
 
 import keras
-from absl import logging
 
-from oscars_tf.frontends import fit_hooks
-from oscars_tf.frontends import fit_inputs
 from oscars_tf.frontends import keras3_inputs
+from oscars_tf.frontends import method_wrappers
 
 _installed = False
-
-
-def _oscars_extended(model):
-  strategy = getattr(model, "_distribute_strategy", None)
-  extended = getattr(strategy, "extended", None)
-  return extended if hasattr(extended, "unsharded") else None
 
 
 # -- callbacks ----------------------------------------------------------------
@@ -47,8 +33,13 @@ class _PlannedProgbar(keras.callbacks.ProgbarLogger):
     super().on_epoch_begin(epoch, logs)
 
 
-def _worker_callbacks(callbacks, info):
+def _planned_progbar(verbose):
+  return _PlannedProgbar() if verbose not in (0, 2) else None
+
+
+def _worker_callbacks(callbacks, strategy, info):
   """Chief-only writes and per-worker log directories."""
+  del strategy  # only tf_keras' callbacks need it
   if info.is_chief:
     return callbacks
   for cb in callbacks:
@@ -60,72 +51,20 @@ def _worker_callbacks(callbacks, info):
       cb._save_model = lambda *a, **k: None  # pylint: disable=protected-access
       cb.delete_checkpoint = False
     elif isinstance(cb, keras.callbacks.TensorBoard):
-      own = f"worker_{info.worker_index}"
-      if os.path.basename(os.path.normpath(cb.log_dir)) != own:  # once only
-        cb.log_dir = os.path.join(cb.log_dir, own)
+      cb.log_dir = method_wrappers.worker_log_dir(cb.log_dir,
+                                                  info.worker_index)
   return callbacks
 
 
-# -- fit ----------------------------------------------------------------------
-
-
-def _prepare_fit(model, extended, args):
-  """Rewrites `fit` arguments for this worker; returns (args, planned)."""
-  info = extended.cluster
-  if model.jit_compile:
-    # The train step holds the averaging collective and py_functions, which
-    # XLA cannot compile.
-    logging.info("oscars_tf: XLA is turned off for the train step, which "
-                 "holds the averaging collective.")
-    model.jit_compile = False
-  extended.track(model, model.optimizer)
-  extended.set_steps_per_execution(model.steps_per_execution)
-  planned = fit_inputs.rewrite_fit_args(extended, args, keras3_inputs.FLAVOUR,
-                                       keras.callbacks.TensorBoard)
-  if not info.is_multi_worker:
-    return args, False
-  args["callbacks"] = _worker_callbacks(args["callbacks"], info)
-  if planned and args["verbose"] not in (0, 2):
-    args["callbacks"].append(_PlannedProgbar())
-  return args, planned
-
-
-def _wrap_fit(original):
-  signature = inspect.signature(original)
-
-  @functools.wraps(original)
-  def fit(self, *args, **kwargs):
-    extended = _oscars_extended(self)
-    if extended is None:
-      return original(self, *args, **kwargs)
-    bound = signature.bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    call = dict(bound.arguments)
-    call.pop("self")
-    call, planned = _prepare_fit(self, extended, call)
-    hooks = fit_hooks.FitHooks(extended, call["epochs"])
-    call["callbacks"] = fit_hooks.with_hooks(hooks, call["callbacks"],
-                                             keras.callbacks.Callback)
-    peer_errors = extended.peer_errors_explained("an averaging point",
-                                                 collectives_only=True)
-    try:
-      with extended.unsharded(), peer_errors, \
-          keras3_inputs.epoch_iterators(planned):
-        return original(self, **call)
-    finally:
-      extended.epochs.read_in_order(None)  # a read ahead stops waiting
-  return fit
-
-
-def _wrap_unsharded(original):
-  @functools.wraps(original)
-  def method(self, *args, **kwargs):
-    extended = _oscars_extended(self)
-    if extended is None:
-      return original(self, *args, **kwargs)
-    with extended.unsharded(), keras3_inputs.epoch_iterators():
-      return original(self, *args, **kwargs)
-  return method
+_FRONTEND = method_wrappers.Frontend(
+    strategy_attribute="_distribute_strategy",
+    inputs=keras3_inputs.FLAVOUR,
+    callback_base=keras.callbacks.Callback,
+    tensorboard_type=keras.callbacks.TensorBoard,
+    steps_per_execution=lambda model: model.steps_per_execution,
+    worker_callbacks=_worker_callbacks,
+    planned_progbar=_planned_progbar,
+    input_scope=keras3_inputs.epoch_iterators)
 
 
 def missing_hooks():
@@ -165,7 +104,7 @@ def install():
     return
   from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
   cls = trainer.TensorFlowTrainer
-  cls.fit = _wrap_fit(cls.fit)
-  cls.evaluate = _wrap_unsharded(cls.evaluate)
-  cls.predict = _wrap_unsharded(cls.predict)
+  cls.fit = _FRONTEND.wrap_fit(cls.fit)
+  cls.evaluate = _FRONTEND.wrap_unsharded(cls.evaluate)
+  cls.predict = _FRONTEND.wrap_unsharded(cls.predict)
   _installed = True

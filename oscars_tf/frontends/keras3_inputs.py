@@ -11,19 +11,16 @@ import contextlib
 import functools
 
 import keras
-import numpy as np
 
 from oscars_tf.frontends import deferred_release
 from oscars_tf.frontends import fit_inputs
 
 
+class ShardedPyDataset(fit_inputs.BatchShard, keras.utils.PyDataset):
+  """One worker's shard of a PyDataset (see `fit_inputs.BatchShard`).
 
-class ShardedPyDataset(keras.utils.PyDataset):
-  """Batches `index`, `index + n`, ... of a PyDataset: one worker's shard.
-
-  Equal shards (the last `len % n` batches are left out) keep workers of a
-  Fixed schedule in step. `workers`, `use_multiprocessing` and
-  `max_queue_size` are the wrapped dataset's, so its loading stays parallel.
+  `workers`, `use_multiprocessing` and `max_queue_size` are the wrapped
+  dataset's, so its loading stays parallel.
   """
 
   def __init__(self, data, num_workers, index):
@@ -31,14 +28,6 @@ class ShardedPyDataset(keras.utils.PyDataset):
                      use_multiprocessing=data.use_multiprocessing,
                      max_queue_size=data.max_queue_size)
     self.data, self.num_workers, self.index = data, num_workers, index
-
-  def __len__(self):
-    return len(self.data) // self.num_workers
-
-  def __getitem__(self, i):
-    if not 0 <= i < len(self):
-      raise IndexError(f"batch {i} of a shard of {len(self)}")
-    return self.data[self.index + i * self.num_workers]
 
   def on_epoch_begin(self):
     self.data.on_epoch_begin()
@@ -57,19 +46,14 @@ class StreamPyDataset(keras.utils.PyDataset):
                      use_multiprocessing=data.use_multiprocessing,
                      max_queue_size=data.max_queue_size)
     self.data, self.index = data, index
-    self._order = (None, None)
+    self._order = fit_inputs.OwnBatchOrder(index)
 
   @property
   def num_batches(self):
     return None  # endless: the plan ends each epoch
 
   def __getitem__(self, i):
-    length = len(self.data)
-    cycle, pos = divmod(i, length)
-    if self._order[0] != cycle:
-      rng = np.random.default_rng([1000 + self.index, cycle])
-      self._order = (cycle, rng.permutation(length))
-    return self.data[int(self._order[1][pos])]
+    return self.data[self._order.batch(i, len(self.data))]
 
 
 def split_validation(arrays, fraction):

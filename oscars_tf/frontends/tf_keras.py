@@ -4,15 +4,11 @@ OscarsStrategy.
 Every hook into tf_keras' internals is here, each with why; `HOOKS` lists
 them and `missing_hooks()` names those a tf_keras upgrade moved (guarded by
 `tests/test_frontends.py`). `install()` wraps the methods of
-`tf_keras.Model`; the wrappers act only for models built under an
-OscarsStrategy.
-
-As in `keras3`: `fit` gives each worker its share of the input
-(`fit_inputs`), adds two callbacks (`fit_hooks`: the agreed epoch end and
-log averaging before any other callback, the stop agreement after all of
-them), lets only the chief write checkpoints and backups, and gives each
-other worker its own TensorBoard directory. `evaluate` and `predict` run on
-every worker over the whole input with no collective.
+`tf_keras.Model` with `method_wrappers` (what the wrappers do, whatever the
+flavour), as `keras3` does; `_FRONTEND` says what tf_keras does its own
+way: its callbacks, which let only the chief write checkpoints and backups
+and give each other worker its own TensorBoard directory, its progress bar
+of planned epochs, and its data handlers (`tf_keras_inputs`).
 
 tf_keras distributes datasets itself (its `DataHandler` calls
 `strategy.experimental_distribute_dataset`), which would shard them by
@@ -25,7 +21,6 @@ worker-local (`_local_batch_counters`).
 
 import functools
 import inspect
-import os
 
 import tensorflow as tf
 import tf_keras
@@ -35,7 +30,7 @@ from tf_keras.src import callbacks as callbacks_lib
 from tf_keras.src.distribute import distributed_file_utils
 from tf_keras.src.engine import data_adapter, training
 
-from oscars_tf.frontends import fit_hooks, fit_inputs, tf_keras_inputs
+from oscars_tf.frontends import method_wrappers, tf_keras_inputs
 
 _installed = False
 
@@ -105,12 +100,6 @@ def missing_hooks(instances=True):
   return missing
 
 
-def _oscars_extended(model):
-  strategy = getattr(model, "distribute_strategy", None)
-  extended = getattr(strategy, "extended", None)
-  return extended if hasattr(extended, "unsharded") else None
-
-
 # -- callbacks ----------------------------------------------------------------
 
 
@@ -131,6 +120,10 @@ class _PlannedProgbar(tf_keras.callbacks.ProgbarLogger):
     if self.target is None:
       counter = None  # use the steps seen this epoch
     super()._finalize_progbar(logs, counter)
+
+
+def _planned_progbar(verbose):
+  return _PlannedProgbar() if verbose != 0 else None
 
 
 def _worker_callbacks(callbacks, strategy, info):
@@ -157,9 +150,8 @@ def _worker_callbacks(callbacks, strategy, info):
     elif isinstance(cb, tf_keras.callbacks.TensorBoard):
       # tf_keras would write non-chief logs to a temporary directory and
       # delete them at the end; each worker keeps its own instead.
-      own = f"worker_{info.worker_index}"
-      if os.path.basename(os.path.normpath(cb.log_dir)) != own:  # once only
-        cb.log_dir = os.path.join(cb.log_dir, own)
+      cb.log_dir = method_wrappers.worker_log_dir(cb.log_dir,
+                                                  info.worker_index)
       cb._get_log_write_dir = lambda cb=cb: cb.log_dir  # pylint: disable=protected-access
       cb._delete_tmp_write_dir = lambda: None  # pylint: disable=protected-access
   return callbacks
@@ -181,15 +173,8 @@ def _remove_backup_temp_dirs(callbacks, strategy, info):
 # -- fit ----------------------------------------------------------------------
 
 
-def _prepare_fit(model, extended, args):
-  """Rewrites `fit` arguments for this worker; returns (args, planned)."""
-  info = extended.cluster
-  if model.jit_compile:
-    # The train step holds the averaging collective and py_functions, which
-    # XLA cannot compile.
-    logging.info("oscars_tf: XLA is turned off for the train step, which "
-                 "holds the averaging collective.")
-    model.jit_compile = False
+def _fixed_steps_per_execution(model):
+  """The model's steps per execution, no longer tuned during `fit`."""
   if model.autotune_steps_per_execution:
     # Rounds end at execution boundaries, the same number of steps on every
     # worker; tuning it per worker would break that.
@@ -197,68 +182,13 @@ def _prepare_fit(model, extended, args):
                     "under OscarsStrategy; it stays at %d.",
                     int(model.steps_per_execution.numpy()))
     model.autotune_steps_per_execution = False
-  extended.track(model, model.optimizer)
-  extended.set_steps_per_execution(int(model.steps_per_execution.numpy()))
-  planned = fit_inputs.rewrite_fit_args(
-      extended, args, tf_keras_inputs.FLAVOUR, tf_keras.callbacks.TensorBoard)
-  if not extended.cluster.is_multi_worker:
-    return args, False
-  args["callbacks"] = _worker_callbacks(args["callbacks"],
-                                        model.distribute_strategy, info)
-  if planned and args["verbose"] != 0:
-    args["callbacks"].append(_PlannedProgbar())
-  return args, planned
-
-
-def _wrap_fit(original):
-  signature = inspect.signature(original)
-
-  @functools.wraps(original)
-  def fit(self, *args, **kwargs):
-    extended = _oscars_extended(self)
-    if extended is None:
-      return original(self, *args, **kwargs)
-    bound = signature.bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    call = dict(bound.arguments)
-    call.pop("self")
-    _local_batch_counters(self)
-    call, _ = _prepare_fit(self, extended, call)
-    hooks = fit_hooks.FitHooks(extended, call["epochs"])
-    user_callbacks = list(call["callbacks"])
-    # tf_keras converts every step's logs to numpy (a sync per step) unless
-    # all callbacks with batch hooks take tensors; these ignore them.
-    call["callbacks"] = fit_hooks.with_hooks(
-        hooks, user_callbacks, tf_keras.callbacks.Callback, tf_logs=True)
-    peer_errors = extended.peer_errors_explained("an averaging point",
-                                                 collectives_only=True)
-    try:
-      with extended.unsharded(), peer_errors, \
-          tf_keras_inputs.handlers_released():
-        return original(self, **call)
-    finally:
-      extended.epochs.read_in_order(None)
-      _remove_backup_temp_dirs(user_callbacks, self.distribute_strategy,
-                               extended.cluster)
-  return fit
-
-
-def _wrap_unsharded(original):
-  @functools.wraps(original)
-  def method(self, *args, **kwargs):
-    extended = _oscars_extended(self)
-    if extended is None:
-      return original(self, *args, **kwargs)
-    _local_batch_counters(self)
-    with extended.unsharded(), tf_keras_inputs.handlers_released():
-      return original(self, *args, **kwargs)
-  return method
+  return int(model.steps_per_execution.numpy())
 
 
 def _wrap_local_counters(original):
   @functools.wraps(original)
   def method(self, *args, **kwargs):
-    if _oscars_extended(self) is not None:
+    if _FRONTEND.extended_of(self) is not None:
       _local_batch_counters(self)
     return original(self, *args, **kwargs)
   return method
@@ -291,6 +221,23 @@ def _local_batch_counters(model):
         model.predict_function = None
 
 
+_FRONTEND = method_wrappers.Frontend(
+    strategy_attribute="distribute_strategy",
+    inputs=tf_keras_inputs.FLAVOUR,
+    callback_base=tf_keras.callbacks.Callback,
+    tensorboard_type=tf_keras.callbacks.TensorBoard,
+    steps_per_execution=_fixed_steps_per_execution,
+    worker_callbacks=_worker_callbacks,
+    planned_progbar=_planned_progbar,
+    # Planned epochs get their DataHandler through `get_data_handler`.
+    input_scope=lambda planned: tf_keras_inputs.handlers_released(),
+    # tf_keras converts every step's logs to numpy (a sync per step) unless
+    # all callbacks with batch hooks take tensors; the strategy's ignore them.
+    tf_logs=True,
+    before_call=_local_batch_counters,
+    after_fit=_remove_backup_temp_dirs)
+
+
 def install():
   """Installs the wrappers once per process (idempotent)."""
   global _installed
@@ -302,9 +249,9 @@ def install():
                     "under OscarsStrategy.", tf_keras.__version__,
                     ", ".join(missing))
   cls = training.Model
-  cls.fit = _wrap_fit(cls.fit)
-  cls.evaluate = _wrap_unsharded(cls.evaluate)
-  cls.predict = _wrap_unsharded(cls.predict)
+  cls.fit = _FRONTEND.wrap_fit(cls.fit)
+  cls.evaluate = _FRONTEND.wrap_unsharded(cls.evaluate)
+  cls.predict = _FRONTEND.wrap_unsharded(cls.predict)
   cls.test_on_batch = _wrap_local_counters(cls.test_on_batch)
   cls.predict_on_batch = _wrap_local_counters(cls.predict_on_batch)
   data_adapter.get_data_handler = tf_keras_inputs.wrap_get_data_handler(

@@ -11,7 +11,6 @@ and they are deleted off the training thread when the call returns
 import contextlib
 import functools
 
-import numpy as np
 import tensorflow as tf
 import tf_keras
 from tf_keras.src.engine import data_adapter
@@ -20,26 +19,16 @@ from oscars_tf.frontends import deferred_release
 from oscars_tf.frontends import fit_inputs
 
 
+class ShardedSequence(fit_inputs.BatchShard, tf_keras.utils.Sequence):
+  """One worker's shard of a Sequence (see `fit_inputs.BatchShard`).
 
-class ShardedSequence(tf_keras.utils.Sequence):
-  """Batches `index`, `index + n`, ... of a Sequence: one worker's shard.
-
-  Equal shards (the last `len % n` batches are left out) keep workers of a
-  Fixed schedule in step. Parallel loading is `fit`'s (`workers`,
-  `use_multiprocessing`), as for any Sequence.
+  Parallel loading is `fit`'s (`workers`, `use_multiprocessing`), as for
+  any Sequence.
   """
 
   def __init__(self, data, num_workers, index):
     super().__init__()
     self.data, self.num_workers, self.index = data, num_workers, index
-
-  def __len__(self):
-    return len(self.data) // self.num_workers
-
-  def __getitem__(self, i):
-    if not 0 <= i < len(self):
-      raise IndexError(f"batch {i} of a shard of {len(self)}")
-    return self.data[self.index + i * self.num_workers]
 
   def on_epoch_end(self):
     self.data.on_epoch_end()
@@ -62,20 +51,16 @@ class StreamSequence(tf_keras.utils.Sequence):
     super().__init__()
     self.data, self.index = data, index
     self.passes = max(1, -(-65536 // len(data)))
-    self._first_pass = 0
-    self._order = (None, None)
+    self._first_pass = 0  # the order's pass this stream's first batch is in
+    self._order = fit_inputs.OwnBatchOrder(index)
 
   def __len__(self):
     return len(self.data) * self.passes
 
   def __getitem__(self, i):
     length = len(self.data)
-    cycle, pos = divmod(i, length)
-    cycle += self._first_pass
-    if self._order[0] != cycle:
-      rng = np.random.default_rng([1000 + self.index, cycle])
-      self._order = (cycle, rng.permutation(length))
-    return self.data[int(self._order[1][pos])]
+    return self.data[self._order.batch(self._first_pass * length + i,
+                                       length)]
 
   def on_epoch_end(self):
     self._first_pass += self.passes
