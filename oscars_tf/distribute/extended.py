@@ -25,6 +25,7 @@ from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
+from oscars_tf.distribute import averaged_variables
 from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import inputs
 from oscars_tf.distribute import outer as outer_lib
@@ -68,6 +69,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._local_sgd = local_replicas == "local_sgd"
     self._schedule = schedule
     self._optimizer_state = optimizer_state
+    self._averaged = averaged_variables.AveragedVariables(optimizer_state)
     local_devices = replicas.resolve_devices(devices, info)
     super().__init__(container, devices=local_devices)
     self._host = info.device_prefix() + "/device:CPU:0" if (
@@ -88,7 +90,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     addresses = [a for _, _, a in info.workers]
     is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
     self._book = round_book.RoundBook(
-        info, schedule, learning_rate_fn=self._learning_rate,
+        info, schedule, learning_rate_fn=self._averaged.learning_rate,
         simulate=simulate, membership=membership_lib.Membership(
             store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout,
@@ -102,7 +104,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         is_gone=is_gone) if info.is_multi_worker else None
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
-    self._tracked = None          # (model, optimizer) registered by Keras/user
     self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
     self._round_starts = {}       # FedNova: round-start copies per variable
@@ -117,25 +118,18 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       atexit.register(self.epochs.leave_at_exit, collective_timeout)
       atexit.register(self.epochs.finish_at_exit)
 
-  def _learning_rate(self):
-    optimizer = self._tracked[1] if self._tracked else None
-    try:
-      return float(np.asarray(optimizer.learning_rate))
-    except Exception:  # pylint: disable=broad-except
-      return float("nan")
-
   # -- what is averaged ---------------------------------------------------
 
   def track(self, model, optimizer=None):
     """Average `model`'s weights (and `optimizer`'s slots if asked)."""
-    self._tracked = (model, optimizer)
+    self._averaged.track(model, optimizer)
 
   def start(self):
     """Checks and broadcasts the tracked variables now (eager, at `fit`'s
     start), not at the first step: a worker whose shard turns out to be
     empty still takes part, and so the averaging points can be ended
     without a step of its own (see `epochs.Epochs.finish`)."""
-    variables = self._variables_to_average([])
+    variables = self._averaged.select([])
     if variables:
       self._last_variables = variables
       self._start_once(variables)
@@ -144,28 +138,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def round_book(self):
     """This worker's round bookkeeping (a `round_book.RoundBook`)."""
     return self._book
-
-  def _variables_to_average(self, updated):
-    if self._tracked is None:
-      if self._optimizer_state == "average":
-        raise ValueError(
-            "optimizer_state='average' needs to know the optimizer: call "
-            "strategy.track(model, optimizer) before the training loop (Keras "
-            "fit does this by itself).")
-      chosen = updated
-    else:
-      model, optimizer = self._tracked
-      chosen = list(model.trainable_weights) + list(model.non_trainable_weights)
-      if self._optimizer_state == "average" and optimizer is not None:
-        skip = {id(getattr(optimizer, "iterations", None))}
-        chosen += [v for v in optimizer.variables if id(v) not in skip]
-    out, seen = [], set()
-    for v in chosen:
-      key = id(_component_variables(v)[0])
-      if key not in seen and _is_float(v):
-        seen.add(key)
-        out.append(v)
-    return out
 
   # -- recognising training steps -----------------------------------------
 
@@ -194,7 +166,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       # unrelated resources are otherwise free to run first.
       done = [tf.identity(_component_variables(v)[0]) for v in updated[:1]]
       with tf.control_dependencies(done):
-        self._after_train_step(self._variables_to_average(updated),
+        self._after_train_step(self._averaged.select(updated),
                                self._loss_of(result))
     return result
 
@@ -231,7 +203,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def _end_round_function(self, variables):
     """A function (step, loss) ending the round of `variables` (cached)."""
-    key = self._key(variables)
+    key = averaged_variables.key_of(variables)
     if key not in self._sync_functions:
       def end_round(step, loss):
         self._round_end(variables, step, loss)
@@ -239,7 +211,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return self._sync_functions[key]
 
   def _round_end(self, variables, step, loss):
-    key = self._key(variables)
+    key = averaged_variables.key_of(variables)
     starts = self._round_starts.get(key)
     outer = self._outer.get(key)
 
@@ -254,20 +226,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         read_values=lambda: replicas.read_values(variables, self._local_sgd),
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
-        reset_state=self._clear_nonfinite_slots,
+        reset_state=self._averaged.clear_nonfinite_slots,
         shared_state=outer.variables if outer else None)
-
-  def _clear_nonfinite_slots(self):
-    """A poisoned worker's optimizer slots may be NaN too: zero those."""
-    optimizer = (self._tracked or (None, None))[1]
-    slots = [c for v in getattr(optimizer, "variables", [])
-             if _is_float(v) for c in _component_variables(v)]
-    return tf.group([c.assign(tf.where(tf.math.is_finite(c), c,
-                                       tf.zeros_like(c))) for c in slots])
-
-  @staticmethod
-  def _key(variables):
-    return tuple(id(_component_variables(v)[0]) for v in variables)
 
   # -- averaging ----------------------------------------------------------
 
@@ -279,7 +239,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     chief's initial weights, and a worker with another model fails here with
     a clear error instead of corrupting the others.
     """
-    key = self._key(variables)
+    key = averaged_variables.key_of(variables)
     if key in self._started_sets:
       return
     self._started_sets.add(key)
@@ -299,9 +259,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
           self._round_starts[key] = [tf.Variable(v, trainable=False)
                                      for v in started]
         if self._outer.optimizer is not None:
-          model = self._tracked[0] if self._tracked else None
-          self._outer.create(key, outer_lib.takes_outer_step(variables, model),
-                             started)
+          takes_step = outer_lib.takes_outer_step(variables,
+                                                  self._averaged.model)
+          self._outer.create(key, takes_step, started)
       self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
