@@ -75,6 +75,25 @@ def test_identical_inputs_give_identical_plans(table, config, round_):
   assert a == b and a.to_json() == b.to_json() and a.digest() == b.digest()
 
 
+@settings(max_examples=100, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 12))
+def test_the_digest_tells_any_change_of_the_plan(table, config, round_):
+  p = config.plan(table, round_)
+  changed = {
+      "round": p.round + 1, "time_budget": p.time_budget * 1.01 + 1e-9,
+      "local_steps": (p.local_steps[0] + 1,) + p.local_steps[1:],
+      "groups": tuple(reversed(p.groups)) if len(p.groups) > 1 else (
+          p.groups[0] + (99,),),
+      "weights": (p.weights[0] + 0.01,) + p.weights[1:],
+      "global_sync": not p.global_sync, "stragglers": p.stragglers + (99,),
+      "epoch_end": not p.epoch_end, "imputed": p.imputed + (99,),
+      "state": dataclasses.replace(p.state, period=p.state.period + 1.0)}
+  for field, value in changed.items():
+    assert dataclasses.replace(p, **{field: value}).digest() != p.digest(), (
+        field)
+  assert dataclasses.replace(p).digest() == p.digest()  # equal: equal
+
+
 @settings(max_examples=200, deadline=None)
 @given(tables(), st.integers(0, 12))
 def test_bad_and_stale_rates_are_planned_at_the_median(table, round_):

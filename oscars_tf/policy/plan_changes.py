@@ -48,8 +48,10 @@ def host_part(p: Plan, me: int, hosts, members, sound) -> HostPart:
   """
   members = sorted(members)
   host = tuple(i for i in members if hosts[i] == hosts[me])
-  leaders = tuple(sorted({min(i for i in members if hosts[i] == hosts[j])
-                          for j in members}))
+  first_on_host = {}  # O(workers): the lowest member of each host leads it
+  for i in members:
+    first_on_host.setdefault(hosts[i], i)
+  leaders = tuple(sorted(first_on_host.values()))
   w = [p.weights[i] if sound[i] else 0.0 for i in range(len(p.weights))]
   total = sum(w[i] for i in members)
   in_host = sum(w[i] for i in host)
