@@ -123,3 +123,17 @@ def test_an_epoch_target_ends_the_epoch_on_every_member_at_once():
     assert rounds < 10
   assert books[1].epoch_over
   assert books[0].epoch_done == books[1].epoch_done == 20
+
+
+def test_the_history_keeps_cluster_lists_for_the_newest_rounds_only(
+    monkeypatch):
+  monkeypatch.setattr(round_book, "HISTORY_CLUSTER_CELLS", 0)  # 100 rounds
+  books = _books(("a",) * 2, schedules.Fixed(1))
+  assert books[0].history_full_rounds == 100
+  for _ in range(130):
+    _round(books, steps=[1, 1])
+  history = list(books[1].history)
+  assert len(history) == 130
+  full = [all(f in e for f in round_book.CLUSTER_FIELDS) for e in history]
+  assert full == [False] * 30 + [True] * 100
+  assert all("rate" in e and "plan" in e for e in history)  # scalars stay

@@ -39,6 +39,12 @@ FIELD_ROUND = records.FIELDS.index("round")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
 HISTORY_KEEP = 10_000  # rounds kept in `history` (a long run stays bounded)
+# The per-round lists over the cluster (CLUSTER_FIELDS: O(workers) each)
+# stay in the newest rounds only, about this many cells in all and at least
+# 100 rounds: with 10,000 workers the history then holds no more than a few
+# tables, with 4 workers it holds them for every round kept.
+HISTORY_CLUSTER_CELLS = 1_000_000
+CLUSTER_FIELDS = ("table_rates", "planned_all", "groups", "members")
 
 
 class RoundBook:
@@ -59,8 +65,11 @@ class RoundBook:
     empty = records.StepRateTable(
         tuple(records.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
-    # One dict per finished round, the last HISTORY_KEEP of them.
+    # One dict per finished round, the last HISTORY_KEEP of them; the
+    # cluster-wide lists only in the newest `history_full_rounds`.
     self.history = collections.deque(maxlen=HISTORY_KEEP)
+    self.history_full_rounds = min(HISTORY_KEEP, max(
+        100, HISTORY_CLUSTER_CELLS // (len(CLUSTER_FIELDS) * self.n)))
     self.observer = None  # called as observer(entry, table, next_plan)
     # Called as slice_listener(epoch, first_step, steps) with this worker's
     # part of each round of a planned epoch, once the round's plan is fixed
@@ -319,6 +328,10 @@ class RoundBook:
         "rejoined": list(self._decision.newcomers),
         "groups": [list(g) for g in self.plan.groups],
         "planned_all": list(self.plan.local_steps)})
+    if len(self.history) > self.history_full_rounds:
+      older = self.history[-self.history_full_rounds - 1]
+      for field in CLUSTER_FIELDS:
+        older.pop(field, None)
 
   def _publish(self, table, now):
     """The published rows are for people and tools (plans come from the
