@@ -6,30 +6,8 @@ import threading
 from oscars_tf.protocol import kv_store
 
 
-class FakeStore:
-  """A key-value store that, like the coordination service, blocks `get`
-  until the key exists or the timeout passes, and refuses to overwrite."""
-
-  def __init__(self):
-    self.data = {}
-    self._cv = threading.Condition()
-
-  def set(self, key, value):
-    with self._cv:
-      if key in self.data:
-        raise KeyError(f"{key} exists")
-      self.data[key] = value
-      self._cv.notify_all()
-
-  def get(self, key, timeout_s):
-    with self._cv:
-      if not self._cv.wait_for(lambda: key in self.data, timeout_s):
-        raise kv_store.KeyMissing(key)
-      return self.data[key]
-
-  def delete(self, key):
-    with self._cv:
-      self.data.pop(key, None)
+class FakeStore(kv_store.MemoryStore):
+  """The in-memory store, and a way for a test to wait for a key."""
 
   def wait_for_key(self, key, timeout_s=10):
     """Blocks until `key` is set (what another thread has done by then)."""

@@ -1,11 +1,13 @@
 """The key-value store the workers share: TensorFlow's coordination service.
 
 The protocol modules (membership.py, rate_table.py) take any object with
-`set`, `get` and `delete`; tests give them a dict-backed one. This module
+`set`, `get` and `delete`; tests and the control-plane benchmark give
+them a `MemoryStore`. This module
 imports TensorFlow only when a `ContextStore` is made.
 """
 
 import math
+import threading
 
 from oscars_tf.errors import WorkerLostError
 
@@ -18,6 +20,34 @@ def put(store, key, value):
   """Sets a key that may exist already (the service refuses to overwrite)."""
   store.delete(key)
   store.set(key, value)
+
+
+class MemoryStore:
+  """An in-memory store with the coordination service's semantics: `get`
+  blocks until the key exists or the timeout passes, `set` refuses to
+  overwrite. For one process: protocol tests and the control-plane
+  benchmark."""
+
+  def __init__(self):
+    self.data = {}
+    self._cv = threading.Condition()
+
+  def set(self, key, value):
+    with self._cv:
+      if key in self.data:
+        raise KeyError(f"{key} exists")
+      self.data[key] = value
+      self._cv.notify_all()
+
+  def get(self, key, timeout_s):
+    with self._cv:
+      if not self._cv.wait_for(lambda: key in self.data, timeout_s):
+        raise KeyMissing(key)
+      return self.data[key]
+
+  def delete(self, key):
+    with self._cv:
+      self.data.pop(key, None)
 
 
 class ContextStore:

@@ -204,10 +204,12 @@ class RoundBook:
     self._t_table = time.monotonic()
     self._decision = decision
     if decision.dropped or decision.newcomers:
+      # The changes, not every member: one line stays short at any size.
       logging.warning(
-          "oscars_tf: worker %d round %d: members %s (dropped %s, rejoining "
-          "%s)", self.me, self.round, list(decision.members),
-          list(decision.dropped), list(decision.newcomers))
+          "oscars_tf: worker %d round %d: %d of %d workers are members "
+          "(dropped %s, rejoining %s)", self.me, self.round,
+          len(decision.members), self.n, list(decision.dropped),
+          list(decision.newcomers))
     self.members = decision.members
     self.plan = plan_changes.with_members(self.plan, decision.members,
                                      decision.newcomers, self._weighting)

@@ -1,0 +1,260 @@
+"""The control plane at scale: one round's protocol for N workers, measured.
+
+    python benchmarks/control_plane.py --workers=16,64,256,1024,4096,10000 \
+        --result_json=/tmp/control_plane.json
+
+Everything of a round but the model collective runs for real: the chief's
+round book (worker 0: membership decision, planning, history) and a few
+sampled workers' round books (each in its own thread, as in a job), over an
+in-memory store with the coordination service's semantics. The other
+workers are light clients: each posts its row and reads the round's
+decision, as a worker does, so every key-value operation and every byte out
+of the chief is counted. Speeds are SIMULATED: lognormal step rates (seeded),
+`--workers_per_host` workers per host; a worker's compute time in a round is
+its planned steps over its true rate, so the plan's quality shows as the
+simulated cluster utilization (compute / (workers x slowest arrival)).
+Injected: `--deaths` workers gone for good at round `--fault_round` (the
+chief sees their process gone) and `--stalls` that miss one round (dropped
+after the straggler timeout, rejoin the next).
+
+Per N it prints and writes: the chief's control-plane CPU time per round,
+a sampled worker's, key-value operations and bytes out of the chief per
+round, live keys, plan time, and utilization. No TensorFlow.
+"""
+
+import json
+import statistics
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
+
+from oscars_tf import schedules
+from oscars_tf.policy import records
+from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import membership
+from oscars_tf.protocol import round_book
+
+flags.DEFINE_list("workers", ["16", "64", "256", "1024", "4096", "10000"],
+                  "Cluster sizes N to measure.")
+flags.DEFINE_integer("rounds", 12, "Rounds per N (the first 2 are warm-up).")
+flags.DEFINE_integer("workers_per_host", 8, "Simulated workers per host.")
+flags.DEFINE_float("sigma", 0.5, "Lognormal sigma of the step rates.")
+flags.DEFINE_integer("sampled", 2, "Workers besides the chief that run a "
+                     "real round book in their own thread.")
+flags.DEFINE_integer("deaths", 1, "Workers that die at --fault_round.")
+flags.DEFINE_integer("stalls", 1, "Workers that miss --fault_round.")
+flags.DEFINE_integer("fault_round", 5, "The round the faults happen in.")
+flags.DEFINE_integer("seed", 0, "Seed of the rates and the faults.")
+flags.DEFINE_enum("grouping", "speed", ["speed", "host", "global"],
+                  "The Adaptive schedule's grouping.")
+flags.DEFINE_string("result_json", None, "Write the results here.")
+FLAGS = flags.FLAGS
+
+STRAGGLER_S = 0.05  # the stalled worker's round costs this, not its timeout
+
+
+class CountingStore(kv_store.MemoryStore):
+  """The in-memory store, counting operations and the bytes it returns
+  (every value read leaves the chief, which hosts the store)."""
+
+  def __init__(self):
+    super().__init__()
+    self.ops = 0
+    self.bytes_out = 0
+    self.bytes_in = 0
+    self._count = threading.Lock()
+
+  def set(self, key, value):
+    with self._count:
+      self.ops += 1
+      self.bytes_in += len(key) + len(value)
+    super().set(key, value)
+
+  def get(self, key, timeout_s):
+    value = super().get(key, timeout_s)
+    with self._count:
+      self.ops += 1
+      self.bytes_out += len(value)
+    return value
+
+  def delete(self, key):
+    with self._count:
+      self.ops += 1
+    super().delete(key)
+
+
+class _TrueRate:
+  """Stands for a round book's rate meter: the worker's true (simulated)
+  rate, so that the plan follows the simulated speeds."""
+
+  def __init__(self, rate):
+    self.rate = rate
+
+  def add(self, steps, seconds):
+    pass
+
+  def reset(self, rate=float("nan")):
+    pass
+
+
+def _info(me, hosts):
+  workers = [("worker", j, f"{h}:{1000 + j}") for j, h in enumerate(hosts)]
+  return types.SimpleNamespace(worker_index=me, num_workers=len(hosts),
+                               workers=workers, is_multi_worker=True)
+
+
+def _row(rate, round_, steps, loss):
+  # planner FIELDS: rate, round, loss, divergence, lr, steps, healthy, out
+  return [rate, round_, loss, float("nan"), 0.1, steps, 1.0, 0.0]
+
+
+def measure(n, rng):
+  """One cluster of `n` workers over FLAGS.rounds rounds: the numbers."""
+  hosts = tuple(f"10.0.{i // FLAGS.workers_per_host // 250}."
+                f"{i // FLAGS.workers_per_host % 250}" for i in range(n))
+  rates = rng.lognormal(0.0, FLAGS.sigma, n) * 10.0
+  store = CountingStore()
+  gone = set()
+  schedule = schedules.Adaptive(grouping=FLAGS.grouping)
+  sampled = sorted({1 + int(x) for x in rng.choice(
+      max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
+  faulty = [j for j in range(1, n) if j not in sampled]
+  rng.shuffle(faulty)
+  deaths = set(faulty[:FLAGS.deaths])
+  stalls = set(faulty[FLAGS.deaths:FLAGS.deaths + FLAGS.stalls])
+  books = {}
+  for j in [0] + sampled:
+    books[j] = round_book.RoundBook(
+        _info(j, hosts), schedule, membership=membership.Membership(
+            store, j, n, STRAGGLER_S, 30.0, first_round_timeout=30.0,
+            is_gone=lambda k: k in gone))
+    books[j].meter = _TrueRate(rates[j])
+    books[j].publish = False
+  chief = books[0]
+  rows = []
+  members = set(range(n))
+  for r in range(FLAGS.rounds):
+    plan = chief.plan
+    if r == FLAGS.fault_round:
+      gone |= deaths
+    live = [j for j in range(n) if j not in gone]
+    # Light clients post their rows (a stalled one misses this round).
+    ops0, out0 = store.ops, store.bytes_out
+    for j in live:
+      if j in books or (r == FLAGS.fault_round and j in stalls):
+        continue
+      if j not in members:  # dropped last round: asks to rejoin
+        kv_store.put(store, f"{membership.PREFIX}j/{j}",
+                     json.dumps(_row(rates[j], r, 0, 1.0)))
+        continue
+      store.set(f"{membership.PREFIX}a/{r}/{j}", json.dumps(
+          _row(rates[j], r, plan.local_steps[j], 1.0)))
+    # Sampled workers in threads, the chief here: real round books.
+    cpu = {}
+
+    def one_round(j, r=r):
+      b = books[j]
+      t0 = time.thread_time()
+      step = b.last_sync_step + b.plan.local_steps[j]
+      part = b.arrive(step, 1.0, True)
+      b.averaged(part.table, 0.0, step, 0)
+      cpu[j] = time.thread_time() - t0
+    threads = [threading.Thread(target=one_round, args=(j,)) for j in sampled]
+    for t in threads:
+      t.start()
+    one_round(0)
+    for t in threads:
+      t.join(60)
+    decision_key = f"{membership.PREFIX}d/{r}"
+    decision = membership.Decision.from_json(store.data[decision_key])
+    # Light clients read the decision and take their part from it.
+    t0 = time.thread_time()
+    readers = [j for j in decision.members if j not in books]
+    for j in readers[:1]:
+      membership.Decision.from_json(store.get(decision_key, 1.0))
+    light_cpu = time.thread_time() - t0
+    for _ in readers[1:]:
+      store.get(decision_key, 1.0)
+    members = set(decision.members)
+    # Simulated utilization of the round just planned and run.
+    compute = [plan.local_steps[j] / rates[j] for j in decision.members
+               if j not in decision.newcomers]
+    util = sum(compute) / (len(compute) * max(compute)) if compute else 1.0
+    t0 = time.perf_counter()
+    schedule.plan(records.StepRateTable(tuple(
+        records.TableEntry(rate=x, round=r) for x in rates), hosts), r + 1,
+        chief.plan.state)
+    plan_ms = 1e3 * (time.perf_counter() - t0)
+    if r >= 2:
+      rows.append({
+          "chief_cpu_ms": 1e3 * cpu[0],
+          "worker_cpu_ms": 1e3 * (statistics.median(
+              [cpu[j] for j in sampled]) if sampled else 0.0),
+          "light_client_decode_ms": 1e3 * light_cpu,
+          "kv_ops": store.ops - ops0,
+          "bytes_out_of_chief": store.bytes_out - out0,
+          "decision_bytes": len(store.data[decision_key]),
+          "live_keys": len(store.data), "plan_ms": plan_ms,
+          "utilization": util, "members": len(decision.members),
+          "dropped": len(decision.dropped),
+          "rejoined": len(decision.newcomers)})
+  return rows
+
+
+def summarize(n, rows):
+  def med(k):
+    return statistics.median(r[k] for r in rows)
+  return {"workers": n, "rounds": len(rows),
+          "chief_cpu_ms": med("chief_cpu_ms"),
+          "chief_cpu_ms_max": max(r["chief_cpu_ms"] for r in rows),
+          "worker_cpu_ms": med("worker_cpu_ms"),
+          "kv_ops": med("kv_ops"),
+          "bytes_out_of_chief_mb": med("bytes_out_of_chief") / 1e6,
+          "decision_kb": med("decision_bytes") / 1e3,
+          "live_keys_max": max(r["live_keys"] for r in rows),
+          "plan_ms": med("plan_ms"),
+          "utilization": med("utilization"),
+          "dropped": sum(r["dropped"] for r in rows),
+          "rejoined": sum(r["rejoined"] for r in rows)}
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.ERROR)  # drops and rejoins are expected
+  rng = np.random.default_rng(FLAGS.seed)
+  print("Control plane per round (SIMULATED speeds, in-memory store, "
+        f"lognormal sigma={FLAGS.sigma}, {FLAGS.workers_per_host} workers "
+        f"per host, grouping={FLAGS.grouping})")
+  head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
+          f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
+          f"{'util':>6} {'drop/rejoin':>11}")
+  print(head)
+  print("-" * len(head))
+  results = []
+  for n in [int(w) for w in FLAGS.workers]:
+    s = summarize(n, measure(n, rng))
+    results.append(s)
+    print(f"{n:>6} {s['chief_cpu_ms']:>9.1f} {s['worker_cpu_ms']:>9.1f} "
+          f"{s['kv_ops']:>8.0f} {s['bytes_out_of_chief_mb']:>8.2f} "
+          f"{s['decision_kb']:>11.1f} {s['live_keys_max']:>6} "
+          f"{s['plan_ms']:>8.1f} {s['utilization']:>6.3f} "
+          f"{s['dropped']:>5}/{s['rejoined']:<5}", flush=True)
+  if FLAGS.result_json:
+    with open(FLAGS.result_json, "w", encoding="utf-8") as f:
+      json.dump({"heterogeneity": "SIMULATED", "flags": {
+          k: getattr(FLAGS, k) for k in ("rounds", "workers_per_host",
+                                         "sigma", "sampled", "deaths",
+                                         "stalls", "fault_round", "seed",
+                                         "grouping")},
+                 "results": results}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(app.run(main))

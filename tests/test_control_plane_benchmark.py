@@ -1,0 +1,31 @@
+"""benchmarks/control_plane.py runs and its numbers are sane (it measures;
+no timing is asserted): the protocol's key-value operations per round are
+O(workers) and its live keys do not grow with rounds or faults."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_the_control_plane_benchmark_writes_complete_sane_results(tmp_path):
+  out = tmp_path / "cp.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "control_plane.py"),
+       "--workers=16,64", "--rounds=8", "--fault_round=4",
+       f"--result_json={out}"], capture_output=True, text=True, timeout=300,
+      cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "SIMULATED" in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["heterogeneity"] == "SIMULATED"
+  by_n = {r["workers"]: r for r in result["results"]}
+  assert set(by_n) == {16, 64}
+  for n, r in by_n.items():
+    # Per worker and round: its row set, read and deleted, the decision read.
+    assert r["kv_ops"] <= 4 * n + 8, r
+    assert r["live_keys_max"] <= 16, r  # bounded: not per worker or round
+    assert r["dropped"] == 2 and r["rejoined"] == 1, r  # a death, a stall
+    assert 0 < r["utilization"] <= 1 and r["chief_cpu_ms"] > 0, r
