@@ -145,7 +145,7 @@ class OscarsStrategy(tf.distribute.Strategy):
         outer_optimizer=outer_optimizer,
         straggler_timeout=straggler_timeout))
     if cluster_resolver is not None:  # handed back as given, as MWMS does
-      self.extended._cluster_resolver = cluster_resolver  # pylint: disable=protected-access
+      self.extended.cluster_resolver = cluster_resolver
     if logdir:
       self.extended.round_logs.set_logdir(logdir)
     if profile.active:
@@ -188,7 +188,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     TensorFlow's tutorials teach (`_is_chief(task_type, task_id)` and
     `extended.should_checkpoint`) pick the same chief as `is_chief`.
     """
-    return self.extended._cluster_resolver  # pylint: disable=protected-access
+    return self.extended.cluster_resolver
 
   @property
   def schedule(self):

@@ -30,6 +30,15 @@ class MultiWorkerRoles:
     self._roles_resolver = resolver
 
   @property
+  def cluster_resolver(self):
+    """The resolver TensorFlow's code reads as `_cluster_resolver`."""
+    return self._cluster_resolver
+
+  @cluster_resolver.setter
+  def cluster_resolver(self, resolver):
+    self._roles_resolver = resolver
+
+  @property
   def _task_type(self):
     return self._cluster_resolver.task_type
 
