@@ -45,7 +45,8 @@ class _Cases:
     self.x, self.y = _data()
     self.me = strategy.worker_index
 
-  def model(self, steps_per_execution=1, inputs=None, recorder=None):
+  def model(self, steps_per_execution=1, inputs=None, recorder=None,
+            hidden=16):
     keras = self.keras
     with self.strategy.scope():
       if inputs == "dict":
@@ -57,7 +58,7 @@ class _Cases:
       else:
         model = keras.Sequential([
             keras.Input((FEATURES,))] + ([recorder] if recorder else []) + [
-            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(hidden, activation="relu"),
             keras.layers.Dense(CLASSES)])
       kwargs = {"steps_per_execution": steps_per_execution}
       model.compile(optimizer=keras.optimizers.SGD(0.05),
@@ -83,6 +84,13 @@ class _Cases:
   def shuffled_arrays(self, model, cb):
     # The model records the samples of each training step (see _recorder).
     return model.fit(self.x, self.y, batch_size=BATCH, epochs=3, verbose=0,
+                     callbacks=cb)
+
+  def another_model_size(self, model, cb):
+    # A model of another size than the cases' before it, as a user's second
+    # model in one process: TensorFlow fixes a collective's shape per
+    # instance key, so its averaging must not reuse the first model's keys.
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
                      callbacks=cb)
 
   def dict_arrays(self, model, cb):
@@ -243,7 +251,8 @@ def main(params):
     recorder = (_recorder(keras, tf, seen) if name == "shuffled_arrays"
                 else None)
     model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None,
-                        recorder=recorder)
+                        recorder=recorder,
+                        hidden=24 if name == "another_model_size" else 16)
     counter = _step_counter(keras, strategy, seen)
     rounds_before = len(strategy.round_history)
     history = getattr(cases, name)(model, [counter])

@@ -80,3 +80,19 @@ def test_per_group_choice_builds_nccl_and_ring_ops():
       for f in graph.as_graph_def().library.function for node in f.node_def
       if node.op == "CollectiveReduceV2")
   assert hints == ["nccl", "ring"]
+
+
+def test_instance_keys_follow_the_packed_shape_and_stay_in_their_role():
+  # TensorFlow fixes a collective instance's shape at its first run: a
+  # second model of another size must get other keys; one model, the same
+  # keys every round and on every member.
+  key = averaging.instance_key
+  assert key("model", 0, "float32", 1000) == key("model", 0, "float32", 1000)
+  assert key("model", 0, "float32", 1000) != key("model", 0, "float32", 1001)
+  assert key("model", 0, "float32", 1000) != key("model", 0, "float16", 1000)
+  assert key("model", 0, "float32", 1000) != key("model", 1, "float32", 1000)
+  roles = sorted(averaging.INSTANCE_KEY_BASE.items(), key=lambda kv: kv[1])
+  for (role, base), (_, next_base) in zip(roles, roles[1:] + [(None, 2**31)]):
+    for length in (1, 999, 10**6, 10**9):
+      k = key(role, averaging._MAX_PACKS - 1, "float64", length)  # pylint: disable=protected-access
+      assert base <= k < min(next_base, base + (1 << 27)) and k < 2**31

@@ -8,6 +8,7 @@ members hold bit-identical values.
 """
 
 import contextlib
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -18,10 +19,26 @@ from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
-# Instance keys per role; each role gets a disjoint range of packs.
-INSTANCE_KEY_BASE = {"model": 1 << 20, "check": 2 << 20, "across": 5 << 20,
-                     "back": 6 << 20, "shared": 7 << 20}
+# Instance keys per role; each role gets a disjoint range of keys.
+INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "across": 5 << 27,
+                     "back": 6 << 27, "shared": 7 << 27}
 _MAX_PACKS = 1 << 10
+_SHAPE_SLOTS = 1 << 17  # (1 << 27) // _MAX_PACKS
+
+
+def instance_key(role, pack_index, dtype, length):
+  """The instance key of one packed collective.
+
+  TensorFlow fixes an instance's shape at its first run in a process: a
+  second model of another size (a user training two models, a fine-tuned
+  head) must not reuse the first one's keys. So the key is a function of
+  the pack's dtype and length too, the same on every member (which all pack
+  the same variables) and the same for every round of one model. Two
+  shapes share a key with odds of 1 in 131,072, and then TensorFlow says so
+  (a shape mismatch) instead of averaging wrongly.
+  """
+  slot = zlib.crc32(f"{dtype}:{length}".encode()) % _SHAPE_SLOTS
+  return INSTANCE_KEY_BASE[role] + slot * _MAX_PACKS + pack_index
 
 
 def choose_communication(requested, device_types, hosts):
@@ -121,8 +138,9 @@ class GroupAverager:
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
       with tf.control_dependencies(previous):
-        reduced = self._reduce(flat, INSTANCE_KEY_BASE[role] + pack_index,
-                               group_size=group_size, group_key=group_key)
+        reduced = self._reduce(
+            flat, instance_key(role, pack_index, dtype.name, flat.shape[0]),
+            group_size=group_size, group_key=group_key)
       previous = [reduced]
       sizes = [int(np.prod(tensors[i].shape)) for i in indices]
       for i, part in zip(indices, tf.split(reduced, sizes)):
@@ -133,7 +151,8 @@ class GroupAverager:
     """Element-wise (min, max) of a float64 vector over the members."""
     vector = tf.cast(tf.convert_to_tensor(vector), tf.float64)
     both = tf.concat([vector, -vector], 0)
-    reduced = self._reduce(both, INSTANCE_KEY_BASE[role], merge_op="Max")
+    reduced = self._reduce(
+        both, instance_key(role, 0, "float64", both.shape[0]), merge_op="Max")
     n = int(vector.shape[0])
     return -reduced[n:], reduced[:n]
 
