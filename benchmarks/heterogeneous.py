@@ -34,8 +34,9 @@ import time
 from absl import app
 from absl import flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "examples", "train.py")
+import accuracy_runs  # benchmarks/accuracy_runs.py
+
+ROOT = accuracy_runs.ROOT
 OVERHEAD = os.path.join(ROOT, "benchmarks", "overhead.py")
 PROFILES = ("homogeneous", "hetero", "dynamic")
 STRATEGIES = ("sync_tf", "sync", "local_sgd", "oscars")
@@ -97,51 +98,14 @@ def run_job(strategy, profile, period, outdir):
   """Runs one multi-process training job; returns train.py's result."""
   n = FLAGS.num_workers
   name = f"{profile}-{strategy}" + (f"-{period}" if period else "")
-  result = os.path.join(outdir, name + ".json")
-  command = [
-      sys.executable, "-m", "oscars_tf.launch", f"--num_workers={n}",
-      f"--timeout={FLAGS.timeout}", "--", sys.executable, TRAIN,
-      f"--strategy={TRAIN_STRATEGY[strategy]}",
-      f"--simulate_step_time={profile_spec(profile, n)}",
-      f"--dataset={FLAGS.dataset}", f"--model={FLAGS.model}",
-      f"--epochs={FLAGS.epochs}", f"--batch_size={FLAGS.batch_size}",
-      "--optimizer=momentum", f"--learning_rate={FLAGS.learning_rate}",
-      f"--result_json={result}"] + ([f"--period={period}"] if period else [])
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-             TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1")
-  env.pop("TF_CONFIG", None)
-  start = time.monotonic()
-  proc = subprocess.run(command, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True, env=env,
-                        timeout=FLAGS.timeout + 60, check=False)
-  if proc.returncode or not os.path.exists(result):
-    raise RuntimeError(f"benchmark job {name} failed (exit "
-                       f"{proc.returncode}):\n{proc.stdout[-4000:]}")
-  with open(result) as f:
-    out = json.load(f)
-  out["job_wall_s"] = time.monotonic() - start
-  return out
-
-
-def time_to_target(curve, target):
-  """Training time at which the accuracy curve first reaches `target`.
-
-  Accuracy is measured at epoch ends only; between the last point below the
-  target and the first at or above it, time is interpolated linearly, so the
-  result is not rounded up to a whole epoch (the same rule for every
-  strategy; reached at the first point: that point's time). None if the
-  target is never reached.
-  """
-  previous = None
-  for point in curve:
-    t, a = point["train_time_s"], point["test_accuracy"]
-    if a >= target:
-      if previous is None:  # reached at the first measurement
-        return t
-      t0, a0 = previous
-      return t0 + (t - t0) * (target - a0) / (a - a0)
-    previous = (t, a)
-  return None
+  return accuracy_runs.run_job(
+      name, [f"--num_workers={n}"],
+      [f"--strategy={TRAIN_STRATEGY[strategy]}",
+       f"--simulate_step_time={profile_spec(profile, n)}",
+       f"--dataset={FLAGS.dataset}", f"--model={FLAGS.model}",
+       f"--epochs={FLAGS.epochs}", f"--batch_size={FLAGS.batch_size}",
+       "--optimizer=momentum", f"--learning_rate={FLAGS.learning_rate}"] +
+      ([f"--period={period}"] if period else []), outdir, FLAGS.timeout)
 
 
 def summarize(result, strategy, profile, period):
@@ -156,7 +120,8 @@ def summarize(result, strategy, profile, period):
   return {
       "profile": profile, "strategy": strategy, "period": period,
       "simulated_step_time": result["simulated_step_time"],
-      "time_to_target_s": time_to_target(curve, FLAGS.target_accuracy),
+      "time_to_target_s": accuracy_runs.time_to_target(
+          curve, FLAGS.target_accuracy),
       "accuracy_at_budget": in_budget[-1] if in_budget else 0.0,
       "final_accuracy": result["test_accuracy"],
       "train_time_s": curve[-1]["train_time_s"] if curve else 0.0,
@@ -168,15 +133,6 @@ def summarize(result, strategy, profile, period):
       "collectives": [w["collectives"] for w in workers],
       "steps": [w["steps"] for w in workers],
       "curve": [(c["train_time_s"], c["test_accuracy"]) for c in curve]}
-
-
-def best_local_sgd(rows):
-  """The local_sgd period that reached the target first (else most
-  accurate at the end)."""
-  def key(r):
-    t = r["time_to_target_s"]
-    return (t is None, t if t is not None else -r["final_accuracy"])
-  return min(rows, key=key)
 
 
 def measure_overhead(outdir):
@@ -197,13 +153,7 @@ def goals(rows):
                  r["strategy"] == strategy and r.get("chosen", True)), None)
   out = []
 
-  def ratio(a, b):
-    if a is None or b is None or a["time_to_target_s"] is None:
-      return None
-    # A baseline that never reached the target: its whole run is a lower
-    # bound of its time to the target.
-    slower = b["time_to_target_s"] or b["train_time_s"]
-    return slower / a["time_to_target_s"]
+  ratio = accuracy_runs.speedup
 
   o, s, l = get("hetero", "oscars"), get("hetero", "sync_tf"), get(
       "hetero", "local_sgd")
@@ -334,7 +284,7 @@ def main(argv):
                 flush=True)
           tried.append(summarize(run_job(strategy, profile, period, outdir),
                                  strategy, profile, period))
-        best = best_local_sgd(tried) if strategy == "local_sgd" else tried[0]
+        best = accuracy_runs.best_local_sgd(tried) if strategy == "local_sgd" else tried[0]
         for r in tried:
           r["chosen"] = r is best
         rows.extend(tried)

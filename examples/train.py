@@ -33,10 +33,12 @@ from oscars_tf import checkpoint
 from oscars_tf import data
 from oscars_tf import flags as oscars_flags
 
+import models  # examples/models.py; imports Keras only when building
+
 flags.DEFINE_enum("dataset", "digits", list(data.NAMES),
                   f"Data set; offline: {', '.join(data.OFFLINE)}; the others "
                   "download through keras.datasets on first use.")
-flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Model to train.")
+flags.DEFINE_enum("model", "mlp", list(models.MODELS), "Model to train.")
 flags.DEFINE_integer("epochs", 5, "Training epochs (a data set's worth of "
                      "steps over the cluster each).", lower_bound=1)
 flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.", lower_bound=1)
@@ -142,7 +144,6 @@ def main(argv):
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import loops  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
 
   try:
     kwargs = {"num_samples": FLAGS.num_samples} if (

@@ -24,7 +24,7 @@ from oscars_tf import schedules
 
 STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored", "multi_worker_mirrored",
               "default")
-PERIOD_RULES = ("adacomm", "quadratic", "divergence", "constant")
+PERIOD_RULES = ("cost", "adacomm", "quadratic", "divergence", "constant")
 RESOLVERS = ("tf_config", "slurm")
 
 flags.DEFINE_enum(
@@ -37,12 +37,17 @@ flags.DEFINE_integer("period", 8, "local_sgd: local steps between averagings.",
                      lower_bound=1)
 flags.DEFINE_integer("warmup_steps", 0, "local_sgd: average after each of the "
                      "first this many steps.", lower_bound=0)
-flags.DEFINE_enum("period_rule", "adacomm", PERIOD_RULES,
-                  "oscars: how the averaging period adapts.")
+flags.DEFINE_enum("period_rule", "cost", PERIOD_RULES,
+                  "oscars: how the averaging period adapts (cost: as often "
+                  "as the measured cost of averaging allows, see "
+                  "--max_overhead).")
+flags.DEFINE_float("max_overhead", 0.1, "oscars, --period_rule=cost: the "
+                   "share of each round averaging may take.",
+                   lower_bound=1e-3, upper_bound=0.999)
 flags.DEFINE_integer("initial_period", 16, "oscars: steps of the fastest "
                      "worker per round before the rule has data.",
                      lower_bound=1)
-flags.DEFINE_integer("min_period", 8, "oscars: lower bound of the period.",
+flags.DEFINE_integer("min_period", 1, "oscars: lower bound of the period.",
                      lower_bound=1)
 flags.DEFINE_integer("max_period", 256, "oscars: upper bound of the period.",
                      lower_bound=1)
@@ -97,9 +102,13 @@ def make_schedule(flag_values=FLAGS):
     return schedules.Fixed(every=1)
   if f.strategy == "local_sgd":
     return schedules.Fixed(every=f.period, warmup_steps=f.warmup_steps)
-  rule = {"adacomm": schedules.AdaComm, "quadratic": schedules.QuadraticSync,
-          "divergence": schedules.DivergenceBand,
-          "constant": schedules.Constant}[f.period_rule]()
+  if f.period_rule == "cost":
+    rule = schedules.CostAware(max_overhead=f.max_overhead)
+  else:
+    rule = {"adacomm": schedules.AdaComm,
+            "quadratic": schedules.QuadraticSync,
+            "divergence": schedules.DivergenceBand,
+            "constant": schedules.Constant}[f.period_rule]()
   return schedules.Adaptive(
       period_rule=rule, initial_period=f.initial_period,
       min_period=f.min_period, max_period=f.max_period, grouping=f.grouping,

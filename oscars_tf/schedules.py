@@ -127,6 +127,61 @@ class AdaComm:
     return {"rule": "AdaComm"}
 
 
+class CostAware:
+  """Averages as often as the averaging's measured cost allows.
+
+  Each round's time budget T is kept just long enough that the averaging
+  point at its end takes at most `max_overhead` of the round:
+  c / (T + c) <= max_overhead, so T = c * (1 - max_overhead) / max_overhead
+  and the period is T times the fastest worker's rate. c is what the last
+  worker to arrive at the previous averaging point spent there (it waited
+  for no one: the exchange and the collective only), smoothed over rounds.
+  Cheap averaging (an even cluster on a fast network) gives short periods,
+  down to every step, so local SGD loses nothing to synchronous training;
+  expensive averaging (slow links, a large model) gives long ones, so the
+  links do not set the pace. The period is bounded by
+  `Adaptive.min_period` / `max_period` like every rule's.
+
+  Local SGD's error-runtime trade-off (Wang & Joshi, SysML 2019) in its
+  simplest form: the period is set from what a step and an averaging cost,
+  as measured each round, not from a tuned constant.
+
+  Args:
+    max_overhead: 0.1, the share of each round the averaging may take, in
+      (0, 1).
+    smoothing: 0.5, weight of the newest measurement in the running cost,
+      in (0, 1].
+  """
+
+  def __init__(self, max_overhead: float = 0.1, smoothing: float = 0.5):
+    self.max_overhead = _positive_float("max_overhead", max_overhead,
+                                        "CostAware")
+    self.smoothing = _positive_float("smoothing", smoothing, "CostAware")
+    if self.max_overhead >= 1 or self.smoothing > 1:
+      raise ValueError("CostAware: need 0 < max_overhead < 1 and 0 < "
+                       f"smoothing <= 1, got max_overhead={max_overhead!r}, "
+                       f"smoothing={smoothing!r}.")
+
+  def update(self, state, table, config):
+    del config
+    costs = [e.sync_cost for e in table.entries
+             if math.isfinite(e.sync_cost) and e.sync_cost > 0]
+    rates = [e.rate for e in table.entries
+             if math.isfinite(e.rate) and e.rate > 0]
+    if not costs or not rates:
+      return state
+    cost = min(costs)  # the last to arrive: no wait for others in it
+    if math.isfinite(state.sync_cost):
+      cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
+    budget = cost * (1 - self.max_overhead) / self.max_overhead
+    period = max(1.0, math.ceil(budget * max(rates)))
+    return dataclasses.replace(state, period=float(period), sync_cost=cost)
+
+  def config(self):
+    return {"rule": "CostAware", "max_overhead": self.max_overhead,
+            "smoothing": self.smoothing}
+
+
 class QuadraticSync:
   """Quadratic synchronization rule: H = max(H_base, floor((beta / lr)^2)).
 
@@ -203,12 +258,13 @@ class Adaptive(Schedule):
   rounds (adapted to the measured divergence). See planner.plan.
 
   Args (defaults work without tuning):
-    period_rule: AdaComm() (default), QuadraticSync(), DivergenceBand() or
+    period_rule: CostAware() (default: as often as the measured cost of
+      averaging allows), AdaComm(), QuadraticSync(), DivergenceBand() or
       Constant(): how the period (steps of the fastest worker) changes.
     initial_period: 16, the period before the rule has data.
-    min_period / max_period: 8 / 256, bounds of the period. The floor keeps
-      an averaging point's fixed cost (about 10 ms here) small against the
-      round, and leaves slow workers whole steps to take.
+    min_period / max_period: 1 / 256, bounds of the period. (With a rule
+      that does not weigh the averaging's cost, a floor of about 8 keeps
+      an averaging point's fixed cost small against the round.)
     grouping: "host" (default), "speed" or "global". Groups change only
       when the table really does (a worker whose speed changed moves; rate
       noise moves no one), so a run makes few distinct groups.
@@ -228,15 +284,16 @@ class Adaptive(Schedule):
     strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Adaptive())
   """
 
-  def __init__(self, period_rule=None, initial_period=16, min_period=8,
+  def __init__(self, period_rule=None, initial_period=16, min_period=1,
                max_period=256, grouping="host", max_group_size=None,
                global_every=4, adaptive_global=True, max_global_every=64,
                divergence_low=0.005, divergence_high=0.05, weighting="work",
                straggler_ratio=0.25, max_staleness=3):
-    self.period_rule = AdaComm() if period_rule is None else period_rule
+    self.period_rule = CostAware() if period_rule is None else period_rule
     if not hasattr(self.period_rule, "update"):
-      raise TypeError("Adaptive: `period_rule` must be AdaComm(), "
-                      "QuadraticSync(), DivergenceBand() or Constant(), got "
+      raise TypeError("Adaptive: `period_rule` must be CostAware(), "
+                      "AdaComm(), QuadraticSync(), DivergenceBand() or "
+                      "Constant(), got "
                       f"{period_rule!r}.")
     self.initial_period = _positive_int("initial_period", initial_period,
                                         "Adaptive")

@@ -105,6 +105,74 @@ def test_divergence_band_keeps_divergence_inside():
   assert rule.update(state, _loss_table(1, divergence=0.05), None).period == 16
 
 
+def _cost_table(costs, rates):
+  entries = tuple(records.TableEntry(rate=r, round=3, sync_cost=c)
+                  for c, r in zip(costs, rates))
+  return records.StepRateTable(entries, ("h",) * len(entries))
+
+
+def test_cost_aware_keeps_averaging_under_its_share_of_the_round():
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0)
+  state = records.PlannerState(period=16, global_every=4)
+  # 10 ms to average, fastest 20 steps/s (50 ms steps): T >= 90 ms, 2 steps.
+  cheap = rule.update(state, _cost_table([0.01, 0.01], [20.0, 20.0]), None)
+  assert cheap.period == 2 and cheap.sync_cost == pytest.approx(0.01)
+  # A slow link, 1 s to average: T >= 9 s, 180 steps of the fastest.
+  slow = rule.update(state, _cost_table([1.0, 1.2], [20.0, 10.0]), None)
+  assert slow.period == 180
+  # Averaging at most 10 % of the round: c / (T + c) <= 0.1 either way.
+  for s, c in ((cheap, 0.01), (slow, 1.0)):
+    assert c / (s.period / 20.0 + c) <= 0.1 + 1e-9
+
+
+def test_cost_aware_takes_the_last_arrival_and_smooths():
+  rule = schedules.CostAware(max_overhead=0.5, smoothing=0.5)
+  state = records.PlannerState(period=16, global_every=4)
+  # The early worker also waited 0.9 s for the late one: not averaging cost.
+  state = rule.update(state, _cost_table([1.0, 0.1], [10.0, 10.0]), None)
+  assert state.sync_cost == pytest.approx(0.1) and state.period == 1
+  state = rule.update(state, _cost_table([0.5, 0.5], [10.0, 10.0]), None)
+  assert state.sync_cost == pytest.approx(0.3)  # half old, half new
+  assert state.period == 3
+
+
+def test_cost_aware_without_measurements_keeps_the_period():
+  rule = schedules.CostAware()
+  state = records.PlannerState(period=16, global_every=4)
+  nan = float("nan")
+  assert rule.update(state, _cost_table([nan, nan], [5.0, 5.0]), None) == (
+      state)
+  assert rule.update(state, _cost_table([0.1, 0.1], [nan, nan]), None) == (
+      state)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_overhead": 0}, {"max_overhead": 1},
+                                    {"max_overhead": -0.1}, {"smoothing": 0},
+                                    {"smoothing": 1.5}])
+def test_cost_aware_rejects_bad_arguments(kwargs):
+  with pytest.raises(ValueError, match="CostAware"):
+    schedules.CostAware(**kwargs)
+
+
+def test_the_default_period_follows_the_averaging_cost():
+  """Adaptive(): short rounds where averaging is cheap, long where not."""
+  schedule = schedules.Adaptive()
+  assert isinstance(schedule.period_rule, schedules.CostAware)
+  first = schedule.plan(_cost_table([float("nan")] * 4, [20.0] * 4), 1)
+  cheap = schedule.plan(_cost_table([0.005] * 4, [20.0] * 4), 2, first.state)
+  costly = schedule.plan(_cost_table([2.0] * 4, [20.0] * 4), 2, first.state)
+  assert cheap.local_steps == (1,) * 4
+  assert costly.local_steps == (256,) * 4  # max_period
+  assert first.local_steps == (16,) * 4
+
+
+def test_a_row_without_a_sync_cost_reads_as_unmeasured():
+  table = records.StepRateTable.from_rows([[5.0, 1, 0.5, 0.0, 0.1, 8, 1, 0]],
+                                          ["h"])
+  assert table.entries[0].steps == 8
+  assert table.entries[0].sync_cost != table.entries[0].sync_cost  # NaN
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"grouping": "rack"}, "grouping"),
     ({"weighting": "loss"}, "weighting"),

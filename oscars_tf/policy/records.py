@@ -14,7 +14,7 @@ import numpy as np
 
 
 FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
-          "healthy", "exhausted")
+          "healthy", "exhausted", "sync_cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,9 @@ class TableEntry:
   steps: int = 0                   # local steps it ran in that round
   healthy: bool = True             # its weights were all finite then
   exhausted: bool = False          # its data for the epoch had run out
+  # Seconds its previous averaging point took, arrival to averaged model
+  # (the exchange, any wait for the group, the collective).
+  sync_cost: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +49,13 @@ class StepRateTable:
     entries = []
     for row in rows:
       values = [float(x) for x in row] + [0.0] * (len(FIELDS) - len(row))
-      rate, rnd, loss, div, lr, steps, healthy, exhausted = values
+      if len(row) <= FIELDS.index("sync_cost"):
+        values[FIELDS.index("sync_cost")] = math.nan  # a row without one
+      rate, rnd, loss, div, lr, steps, healthy, exhausted, cost = values
       entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
                                 loss, div, lr,
                                 int(steps) if math.isfinite(steps) else 0,
-                                healthy > 0.5, exhausted > 0.5))
+                                healthy > 0.5, exhausted > 0.5, cost))
     return cls(tuple(entries), tuple(hosts))
 
   @property
@@ -67,6 +72,7 @@ class PlannerState:
   initial_loss: float = math.nan
   groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
   previous_global: bool = False  # the round before the last was global
+  sync_cost: float = math.nan  # smoothed seconds an averaging point costs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,6 +102,7 @@ class RoundBook:
     self._poisoned = []   # workers with non-finite weights this round
     self.last_sync_step = 0  # local step of the last average (Python's)
     self._last_divergence = math.nan
+    self._last_sync_cost = math.nan  # arrival to averaged, last round
     self.group_keys = group_keys_lib.GroupKeys(self.n)
     # Multi-worker: who is in each round (None: one worker, always alone).
     self.membership = membership
@@ -153,7 +154,7 @@ class RoundBook:
     self._arrival_compute = compute
     row = [self.meter.rate, self.round, loss, self._last_divergence,
            float(self.learning_rate_fn()), steps, float(finite),
-           float(self.exhausted)]
+           float(self.exhausted), self._last_sync_cost]
     return self._exchange(row)
 
   def _others_still_due_s(self):
@@ -265,6 +266,7 @@ class RoundBook:
     wait, comm = self._t_table - self._t_arrive, now - self._t_table
     self.totals["wait_s"] += wait
     self.totals["comm_s"] += comm
+    self._last_sync_cost = wait + comm
     self.totals["bytes_sent"] += bytes_sent
     self.totals["collectives"] += 1
     self._last_divergence = divergence

@@ -1,0 +1,105 @@
+"""Time-to-accuracy jobs shared by heterogeneous.py (SIMULATED) and
+real_conditions.py (EMULATED): one multi-process training job through
+oscars-launch and examples/train.py, and the numbers read from its result.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "examples", "train.py")
+
+
+def job_env():
+  """The workers' environment: quiet, CPU only, one intra-op thread each
+  (several workers share the machine's cores)."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+             TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1",
+             GRPC_VERBOSITY="ERROR")
+  env.pop("TF_CONFIG", None)
+  return env
+
+
+def run_job(name, launcher_args, train_args, outdir, timeout):
+  """Runs `oscars-launch launcher_args -- train.py train_args`; returns
+  train.py's result (its --result_json) with the job's wall time added."""
+  result = os.path.join(outdir, name + ".json")
+  command = ([sys.executable, "-m", "oscars_tf.launch",
+              f"--timeout={timeout}"] + list(launcher_args) +
+             ["--", sys.executable, TRAIN] + list(train_args) +
+             [f"--result_json={result}"])
+  start = time.monotonic()
+  proc = subprocess.run(command, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, env=job_env(),
+                        timeout=timeout + 120, check=False)
+  if proc.returncode or not os.path.exists(result):
+    raise RuntimeError(f"benchmark job {name} failed (exit "
+                       f"{proc.returncode}):\n{proc.stdout[-4000:]}")
+  with open(result) as f:
+    out = json.load(f)
+  out["job_wall_s"] = time.monotonic() - start
+  return out
+
+
+def time_to_target(curve, target):
+  """Training time at which the accuracy curve first reaches `target`.
+
+  Accuracy is measured at epoch ends only; between the last point below the
+  target and the first at or above it, time is interpolated linearly, so the
+  result is not rounded up to a whole epoch (the same rule for every
+  strategy; reached at the first point: that point's time). None if the
+  target is never reached.
+  """
+  previous = None
+  for point in curve:
+    t, a = point["train_time_s"], point["test_accuracy"]
+    if a >= target:
+      if previous is None:  # reached at the first measurement
+        return t
+      t0, a0 = previous
+      return t0 + (t - t0) * (target - a0) / (a - a0)
+    previous = (t, a)
+  return None
+
+
+def worker_numbers(result):
+  """Per-worker utilization (compute share of training time), bytes sent
+  and collectives, as train.py reports them."""
+  workers = result["per_worker"]
+  return {
+      "utilization": [min(1.0, w["compute_s"] / w["wall_time_s"])
+                      if w["wall_time_s"] else 0.0 for w in workers],
+      "bytes_sent": [w["bytes_sent"] for w in workers],
+      "collectives": [w["collectives"] for w in workers],
+      "steps": [w["steps"] for w in workers]}
+
+
+def best_local_sgd(rows):
+  """The local_sgd period that reached the target first (else most
+  accurate at the end)."""
+  def key(r):
+    t = r["time_to_target_s"]
+    return (t is None, t if t is not None else -r["final_accuracy"])
+  return min(rows, key=key)
+
+
+def speedup(fast, slow):
+  """slow's time to target over fast's; a `slow` that never reached it
+  counts its whole training time (a lower bound). None if `fast` never
+  reached it."""
+  if fast is None or slow is None or fast["time_to_target_s"] is None:
+    return None
+  return ((slow["time_to_target_s"] or slow["train_time_s"]) /
+          fast["time_to_target_s"])
+
+
+def median_and_range(values):
+  """(median, low, high) of the values that are not None, else Nones."""
+  xs = [v for v in values if v is not None]
+  if not xs:
+    return None, None, None
+  return statistics.median(xs), min(xs), max(xs)

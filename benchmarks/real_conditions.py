@@ -1,0 +1,299 @@
+"""Time to accuracy under EMULATED heterogeneity, against the baselines.
+
+    python benchmarks/real_conditions.py --result_json real.json --png real.png
+    python benchmarks/real_conditions.py --quick          # under 3 minutes
+    python benchmarks/real_conditions.py --repeats 3      # median and range
+
+Nothing here sleeps to look slow: every profile is EMULATED with real
+limits that oscars-launch sets (Linux, root):
+
+  even        4 workers, no limits, loopback
+  cpu_uneven  CPU quotas 1 : 1 : 0.5 : 0.25, scaled to this machine's cores
+              (oscars-launch --cpu_limit: cgroup cpu.cfs_quota_us / cpu.max,
+              how Kubernetes enforces CPU limits)
+  slow_links  even workers, each on its own --bandwidth (100 Mbit/s) link
+              (oscars-launch --network=emulated: network namespaces, veth,
+              tc tbf)
+  both        the two together
+
+One invocation trains the same model (examples/models.py's wide_cnn, 2.1 M
+parameters: 8.5 MB of float32, real compute in every step), data (digits,
+8x8 images, offline), per-worker batch, optimizer and epochs under each
+strategy, one real multi-process job after another:
+
+  sync_tf      TensorFlow's MultiWorkerMirroredStrategy (custom loop)
+  ps           TensorFlow's ParameterServerStrategy (asynchronous; chief,
+               one ps task and the workers; ClusterCoordinator loop)
+  local_sgd    OscarsStrategy, Fixed(every=P), the best P of --periods
+  oscars       OscarsStrategy(): the default, untuned
+  oscars_bf16  OscarsStrategy(averaging_dtype="bfloat16")
+
+How it measures: see heterogeneous.py (the accuracy curve of the averaged
+model after every epoch, training time after the first step, time to
+target interpolated between epochs, utilization as compute share); ratios
+are taken within a repeat (strategies of one repeat run back to back) and
+reported as median and range over --repeats.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+import accuracy_runs  # benchmarks/accuracy_runs.py
+
+PROFILES = ("even", "cpu_uneven", "slow_links", "both")
+STRATEGIES = ("sync_tf", "ps", "local_sgd", "oscars", "oscars_bf16")
+TRAIN_ARGS = {
+    "sync_tf": ["--strategy=multi_worker_mirrored"],
+    "ps": ["--strategy=parameter_server"],
+    "local_sgd": ["--strategy=local_sgd"],
+    "oscars": ["--strategy=oscars"],
+    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"]}
+
+flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
+                  "local_sgd with one period, oscars; 4 epochs): under 3 "
+                  "minutes.")
+flags.DEFINE_list("profiles", list(PROFILES), "EMULATED profiles.")
+flags.DEFINE_list("strategies", list(STRATEGIES), "Strategies to compare.")
+flags.DEFINE_list("periods", ["4", "16"], "local_sgd periods to sweep.")
+flags.DEFINE_integer("repeats", 1, "Runs of every job; ratios are reported "
+                     "as median and range.", lower_bound=1)
+flags.DEFINE_integer("num_workers", 4, "Workers per job.", lower_bound=2)
+flags.DEFINE_list("cpu_ratios", ["1", "1", "0.5", "0.25"], "cpu_uneven: the "
+                  "workers' relative CPU limits (one per worker), scaled so "
+                  "that they add up to at most --cores.")
+flags.DEFINE_float("cores", float(os.cpu_count() or 1), "CPUs the workers "
+                   "share (cpu_uneven's scale).", lower_bound=0.01)
+flags.DEFINE_string("bandwidth", "100mbit", "slow_links: each worker's link "
+                    "rate (tc syntax).")
+flags.DEFINE_string("model", "wide_cnn", "Model of examples/models.py.")
+flags.DEFINE_integer("epochs", 8, "Epochs per job.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.",
+                     lower_bound=1)
+flags.DEFINE_float("learning_rate", 0.05, "Learning rate (SGD, Nesterov "
+                   "momentum 0.9).", lower_bound=1e-9)
+flags.DEFINE_float("target_accuracy", 0.95, "Target test accuracy.",
+                   lower_bound=0, upper_bound=1)
+flags.DEFINE_integer("timeout", 600, "Seconds each job may take.",
+                     lower_bound=10)
+flags.DEFINE_string("result_json", None, "Write all results here.")
+flags.DEFINE_string("png", None, "Write the figure here (needs matplotlib).")
+FLAGS = flags.FLAGS
+
+
+def cpu_limits(n):
+  """cpu_uneven's per-worker CPU limits: --cpu_ratios scaled to --cores."""
+  ratios = [float(r) for r in FLAGS.cpu_ratios]
+  if len(ratios) != n:
+    raise app.UsageError(f"--cpu_ratios: need {n} values (one per worker), "
+                         f"got {len(ratios)}.")
+  scale = min(1.0, FLAGS.cores / sum(ratios))
+  return [round(r * scale, 3) for r in ratios]
+
+
+def launcher_args(profile, n):
+  """oscars-launch's flags for a profile (every limit EMULATED)."""
+  out = [f"--num_workers={n}"]
+  if profile in ("cpu_uneven", "both"):
+    out.append("--cpu_limit=" + ",".join(f"{c:g}" for c in cpu_limits(n)))
+  if profile in ("slow_links", "both"):
+    out += ["--network=emulated", f"--bandwidth={FLAGS.bandwidth}"]
+  return out
+
+
+def run(profile, strategy, period, repeat, outdir):
+  """One job; its row of numbers."""
+  n = FLAGS.num_workers
+  name = f"{profile}-{strategy}-{period or 0}-{repeat}"
+  launch = launcher_args(profile, n) + (
+      ["--num_ps=1"] if strategy == "ps" else [])
+  train = TRAIN_ARGS[strategy] + [
+      "--dataset=digits", f"--model={FLAGS.model}",
+      f"--epochs={FLAGS.epochs}", f"--batch_size={FLAGS.batch_size}",
+      "--optimizer=momentum", f"--learning_rate={FLAGS.learning_rate}"] + (
+          [f"--period={period}"] if period else [])
+  print(f"running {name} ...", flush=True)
+  result = accuracy_runs.run_job(name, launch, train, outdir, FLAGS.timeout)
+  curve = result["curve"]
+  return dict(
+      accuracy_runs.worker_numbers(result), profile=profile,
+      strategy=strategy, period=period, repeat=repeat,
+      launcher=launch, emulated=True,
+      time_to_target_s=accuracy_runs.time_to_target(
+          curve, FLAGS.target_accuracy),
+      final_accuracy=result["test_accuracy"],
+      train_time_s=curve[-1]["train_time_s"] if curve else 0.0,
+      job_wall_s=result["job_wall_s"],
+      curve=[(c["train_time_s"], c["test_accuracy"]) for c in curve])
+
+
+def run_all(outdir):
+  rows = []
+  for repeat in range(FLAGS.repeats):
+    for profile in FLAGS.profiles:
+      for strategy in FLAGS.strategies:
+        periods = ([int(p) for p in FLAGS.periods]
+                   if strategy == "local_sgd" else [None])
+        tried = [run(profile, strategy, p, repeat, outdir) for p in periods]
+        best = (accuracy_runs.best_local_sgd(tried)
+                if strategy == "local_sgd" else tried[0])
+        for r in tried:
+          r["chosen"] = r is best
+        rows.extend(tried)
+  return rows
+
+
+def _get(rows, profile, strategy, repeat):
+  return next((r for r in rows if (r["profile"], r["strategy"], r["repeat"])
+               == (profile, strategy, repeat) and r["chosen"]), None)
+
+
+# (profile, what, strategy a, strategy b, threshold): the issue's goals.
+GOALS = (
+    ("cpu_uneven", "speedup", "oscars", "sync_tf", 2.3),
+    ("cpu_uneven", "speedup", "oscars", "local_sgd", 1.3),
+    ("slow_links", "speedup", "oscars", "sync_tf", 3.0),
+    ("even", "speedup", "oscars", "sync_tf", 1.0),
+) + tuple((p, what, "oscars", other, t) for p in PROFILES for what, other, t
+          in (("accuracy", "sync_tf", -0.5), ("speedup", "ps", 1.0),
+              ("accuracy", "ps", 0.0)))
+
+
+def goals(rows):
+  """Every goal with its median and range over the repeats (reported, not
+  asserted: a missed goal is printed as missed)."""
+  out = []
+  for profile, what, a, b, threshold in GOALS:
+    values = []
+    for repeat in range(FLAGS.repeats):
+      x, y = (_get(rows, profile, s, repeat) for s in (a, b))
+      if x is None or y is None:
+        continue
+      values.append(accuracy_runs.speedup(x, y) if what == "speedup" else
+                    100 * (x["final_accuracy"] - y["final_accuracy"]))
+    if not values:
+      continue
+    mid, low, high = accuracy_runs.median_and_range(values)
+    unit = "x sooner to target" if what == "speedup" else "points final acc."
+    out.append({"goal": f"{profile}: {a} vs {b}, {unit} (goal >= "
+                        f"{threshold:g})",
+                "median": mid, "low": low, "high": high,
+                "threshold": threshold,
+                "met": mid is not None and mid >= threshold})
+  return out
+
+
+def print_table(rows, goal_rows):
+  print(f"\nEMULATED heterogeneity (real CPU quotas, real shaped links), "
+        f"{FLAGS.num_workers} workers, {FLAGS.model} on digits, batch "
+        f"{FLAGS.batch_size}/worker, target {FLAGS.target_accuracy}, "
+        f"{FLAGS.repeats} repeat(s); cpu_uneven limits "
+        f"{cpu_limits(FLAGS.num_workers)} CPU, links {FLAGS.bandwidth}")
+  head = (f"{'profile':11} {'strategy':14} {'rep':>3} {'t->target s':>11} "
+          f"{'final acc':>9} {'train s':>7} {'util/worker':>20} "
+          f"{'MB sent/w':>9} {'collect.':>8}")
+  print(head)
+  print("-" * len(head))
+  for r in rows:
+    name = r["strategy"] + (f"({r['period']})" if r["period"] else "")
+    name += "" if r["chosen"] else " *"
+    t = r["time_to_target_s"]
+    print(f"{r['profile']:11} {name:14} {r['repeat']:3d} "
+          f"{'never' if t is None else f'{t:.1f}':>11} "
+          f"{r['final_accuracy']:9.3f} {r['train_time_s']:7.1f} "
+          f"{' '.join(f'{u:.2f}' for u in r['utilization']):>20} "
+          f"{statistics.fmean(r['bytes_sent']) / 1e6:9.1f} "
+          f"{statistics.fmean(r['collectives']):8.0f}")
+  print("(* local_sgd periods not chosen as best; util = compute share of "
+        "training time, estimated alike for every strategy)")
+  for g in goal_rows:
+    text = ("n/a" if g["median"] is None else
+            f"{g['median']:.2f} (range {g['low']:.2f} to {g['high']:.2f})")
+    print(f"{'MET   ' if g['met'] else 'MISSED'} {g['goal']}: {text}")
+
+
+def plot(rows, path):
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    print("no figure: matplotlib is not installed "
+          "(pip install 'oscars_tf[benchmarks]')")
+    return None
+  profiles = [p for p in PROFILES if any(r["profile"] == p for r in rows)]
+  fig, axes = plt.subplots(3, len(profiles), squeeze=False,
+                           figsize=(4.5 * len(profiles), 9))
+  for col, profile in enumerate(profiles):
+    chosen = [r for r in rows if r["profile"] == profile and r["chosen"]
+              and r["repeat"] == 0]
+    ax = axes[0][col]
+    for r in chosen:
+      t, a = zip(*r["curve"]) if r["curve"] else ((), ())
+      ax.plot(t, a, marker="o", markersize=3, label=r["strategy"])
+    ax.axhline(FLAGS.target_accuracy, color="grey", linestyle=":")
+    ax.set_title(f"{profile} (EMULATED)")
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=7)
+    width = 0.8 / max(len(chosen), 1)
+    for row, key, label in ((1, "utilization", "utilization"),
+                            (2, "bytes_sent", "MB sent")):
+      ax = axes[row][col]
+      for i, r in enumerate(chosen):
+        values = [v / 1e6 if key == "bytes_sent" else v for v in r[key]]
+        ax.bar([w + i * width for w in range(len(values))], values, width,
+               label=r["strategy"])
+      ax.set_xlabel("worker")
+      ax.set_ylabel(label)
+  fig.suptitle(f"EMULATED: {FLAGS.num_workers} workers, {FLAGS.model} on "
+               f"digits (repeat 0)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=70)
+  plt.close(fig)
+  return path
+
+
+def main(argv):
+  del argv
+  if FLAGS.quick:
+    for name, value in (("profiles", ["cpu_uneven"]), ("periods", ["8"]),
+                        ("strategies", ["sync_tf", "local_sgd", "oscars"]),
+                        ("epochs", 4)):
+      if not FLAGS[name].present:
+        FLAGS[name].value = value
+  bad = sorted(set(FLAGS.profiles) - set(PROFILES)) + sorted(
+      set(FLAGS.strategies) - set(STRATEGIES))
+  if bad:
+    sys.exit(f"real_conditions.py: unknown --profiles/--strategies {bad}; "
+             f"profiles: {PROFILES}, strategies: {STRATEGIES}.")
+  cpu_limits(FLAGS.num_workers)  # a bad --cpu_ratios fails before any job
+  start = time.monotonic()
+  with tempfile.TemporaryDirectory(prefix="oscars_real_") as outdir:
+    rows = run_all(outdir)
+  goal_rows = goals(rows)
+  print_table(rows, goal_rows)
+  png = plot(rows, FLAGS.png) if FLAGS.png else None
+  total = time.monotonic() - start
+  print(f"\nbenchmark wall time {total:.0f} s" +
+        (f"; figure {png}" if png else ""))
+  if FLAGS.result_json:
+    config = {k: FLAGS[k].value for k in (
+        "num_workers", "cpu_ratios", "cores", "bandwidth", "model", "epochs",
+        "batch_size", "learning_rate", "target_accuracy", "profiles",
+        "strategies", "periods", "repeats", "quick")}
+    config["cpu_limits"] = cpu_limits(FLAGS.num_workers)
+    with open(FLAGS.result_json, "w") as f:
+      json.dump({"emulated": True, "config": config, "rows": rows,
+                 "goals": goal_rows, "png": png, "wall_time_s": total}, f,
+                indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
