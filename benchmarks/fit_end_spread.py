@@ -57,9 +57,9 @@ import time
 from absl import app
 from absl import flags
 import job_log
-import worker_netns
 
 from oscars_tf import launch
+from oscars_tf.tools import worker_netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("loopback", "slow_links")

@@ -6,6 +6,8 @@ Each worker gets its own TF_CONFIG on a free loopback port. The cluster's
 gRPC is unauthenticated and TensorFlow listens on all interfaces, so the job
 runs in a private network namespace whose only interface is loopback
 (--network; see netns.py): nothing is reachable from outside unless asked.
+--network=emulated gives each worker a namespace and address of its own
+instead, on links shaped to --bandwidth (see tools/worker_netns.py).
 Every output line is prefixed with the worker index. A worker other than
 the chief killed by a signal is lost: the others drop it and go on
 (--keep_going). When the chief dies or a worker fails with an error, the
@@ -25,13 +27,14 @@ signal). Workers start with TensorFlow's C++ start-up logging quieted
 Imports no TensorFlow.
 """
 
+import contextlib
 import os
 import sys
 import time
 
 from absl import app, flags
 
-from oscars_tf.tools import netns
+from oscars_tf.tools import netns, worker_netns
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
     FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
 
@@ -47,7 +50,7 @@ SECTIONS = (
     ("cluster", ("num_workers", "timeout", "tf_log_level")),
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
-    ("networking", ("network", "host")),
+    ("networking", ("network", "host", "bandwidth")),
     ("emulation", ("simulate_step_time",)),
 )
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
@@ -99,18 +102,33 @@ def define_flags(flag_values=FLAGS):
                      "launcher gets SIGTERM, SIGINT or SIGHUP) before "
                      "SIGKILL. A second signal to the launcher cuts it "
                      "short.", lower_bound=0, **fv)
-  flags.DEFINE_enum("network", "auto", ["auto", "isolated", "host"],
+  flags.DEFINE_enum("network", "auto", ["auto", "isolated", "host",
+                                        "emulated"],
                     "isolated: run the job in a private network namespace "
                     "with loopback only, so TensorFlow's gRPC listeners "
                     "(which bind 0.0.0.0) are unreachable from outside; the "
                     "workers then have no network (data sets that download "
                     "need --network=host). host: the machine's network. "
                     "auto: isolated where the machine allows it, else host "
-                    "with a warning. Only with a loopback --host.", **fv)
+                    "with a warning. Only with a loopback --host. "
+                    "emulated: EMULATED links: each worker in a network "
+                    "namespace of its own, at its own address on a veth "
+                    "link to a bridge that reaches nothing else (as private "
+                    "as isolated), shaped to --bandwidth; --host does not "
+                    "apply. Needs root and iproute2 (ip, tc).", **fv)
   flags.DEFINE_string("host", "127.0.0.1",
                       "Address the workers bind. The cluster's gRPC has no "
                       "authentication: use loopback or a private network.",
                       **fv)
+  flags.DEFINE_string("bandwidth", "",
+                      "With --network=emulated: each worker's link rate, "
+                      "one for all or a comma list, one per worker, in tc's "
+                      "units (100mbit, 1gbit, 500kbit). A token bucket "
+                      "filter (tc tbf) on each end of the link limits both "
+                      "what the worker sends and what it receives, so "
+                      "traffic between two workers flows at the lower of "
+                      "their rates. Passed to each worker as "
+                      "OSCARS_BANDWIDTH. Empty: links not shaped.", **fv)
   flags.DEFINE_string("simulate_step_time", "",
                       "SIMULATED heterogeneity: a per-worker delay added to "
                       "each training step, e.g. '20ms*1,1,2,4' or "
@@ -161,7 +179,8 @@ def _isolate(argv):
   if os.environ.get(netns.ENV):
     netns.bring_up_loopback()
     return
-  if FLAGS.network == "host" or not FLAGS.host.startswith("127."):
+  if (FLAGS.network in ("host", "emulated") or
+      not FLAGS.host.startswith("127.")):
     return
   prefix = netns.unshare_command()
   if prefix is None:
@@ -195,18 +214,65 @@ def _worker_env():
   return env
 
 
+@contextlib.contextmanager
+def _emulated_network():
+  """Job's keyword arguments for --network=emulated ({} otherwise).
+
+  The namespaces outlive restarts (every Job enters the same ones) and are
+  removed however the job ends, a signal or an error included; a launcher
+  killed by SIGKILL takes them with it (see WorkerNamespaces.detach).
+  """
+  if FLAGS.network != "emulated":
+    if FLAGS.bandwidth:
+      raise app.UsageError("--bandwidth needs --network=emulated")
+    yield {}
+    return
+  if FLAGS["host"].present:
+    raise app.UsageError("--host does not apply to --network=emulated: "
+                         "each worker gets an address of its own")
+  if FLAGS.num_workers > worker_netns.MAX_WORKERS:
+    raise app.UsageError(f"--network=emulated: at most "
+                         f"{worker_netns.MAX_WORKERS} workers")
+  rates = None
+  if FLAGS.bandwidth:
+    try:
+      rates = worker_netns.parse_bandwidth(FLAGS.bandwidth, FLAGS.num_workers)
+    except ValueError as e:
+      raise app.UsageError(f"--bandwidth: {e}")
+  spaces = worker_netns.emulate(FLAGS.num_workers, rates)
+  try:
+    n = FLAGS.num_workers
+    say = "oscars-launch: EMULATED network: worker"
+    if rates is None:
+      print(f"{say} i at {spaces.subnet}.(i+1), links not shaped",
+            file=sys.stderr)
+    elif len(set(rates)) == 1:
+      print(f"{say} i at {spaces.subnet}.(i+1), link shaped with tbf rate "
+            f"{rates[0]} (both directions)", file=sys.stderr)
+    else:
+      for i, rate in enumerate(rates):
+        print(f"{say} {i} at {spaces.address(i)}, link shaped with tbf rate "
+              f"{rate} (both directions)", file=sys.stderr)
+    yield {"hosts": [spaces.address(i) for i in range(n)],
+           "worker_preexec": {i: spaces.enter(i) for i in range(n)},
+           "worker_env": {i: {"OSCARS_BANDWIDTH": rates[i]} for i in
+                          range(n)} if rates else None}
+  finally:
+    spaces.remove()
+
+
 def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
   _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
   restarts = lost_peer_restarts = 0
-  with Signals() as signals:
+  with Signals() as signals, _emulated_network() as network:
     while True:
       # A new job, on new ports: the old ones may still be in TIME_WAIT.
       attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
-                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)))
+                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)), **network)
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
       codes, failed = job.wait(left, FLAGS.grace_seconds,
@@ -267,6 +333,10 @@ def main(argv):
     # absl would print __main__'s docstring: the console script's is empty.
     print(f"oscars-launch: error: {e}\nusage: {USAGE}\nTry --help.",
           file=sys.stderr)
+    return 1
+  except worker_netns.Unavailable as e:
+    print(f"oscars-launch: error: --network=emulated: "
+          f"{worker_netns.one_line(e)}", file=sys.stderr)
     return 1
 
 

@@ -12,10 +12,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.pop("TF_CONFIG", None)
 
-# The tests share the benchmarks' job helpers (benchmarks/job_log.py,
-# worker_netns.py) and import them as the benchmarks do. Last on the path:
-# nothing of the tests' own is shadowed. (Under Bazel, //benchmarks:helpers
-# puts them on the path too.)
+# The tests share the benchmarks' job helper (benchmarks/job_log.py) and
+# import it as the benchmarks do. Last on the path: nothing of the tests'
+# own is shadowed. (Under Bazel, //benchmarks:helpers puts it on the path
+# too.)
 sys.path.append(os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "benchmarks"))
@@ -32,8 +32,9 @@ tf.config.set_logical_device_configuration(
 SLOW_MODULES = frozenset({
     "test_adaptive", "test_benchmark_smoke", "test_cli_help", "test_faults",
     "test_frontends", "test_frontends_keras3", "test_launch",
-    "test_multiworker", "test_netns", "test_observability", "test_poison",
-    "test_random_faults", "test_recovery", "test_tf_tutorials", "test_train"})
+    "test_launch_emulated", "test_multiworker", "test_netns",
+    "test_observability", "test_poison", "test_random_faults",
+    "test_recovery", "test_tf_tutorials", "test_train"})
 
 
 def pytest_collection_modifyitems(items):

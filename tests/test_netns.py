@@ -21,7 +21,7 @@ import pytest
 
 import faults
 import multiworker
-import worker_netns
+from oscars_tf.tools import worker_netns
 
 SUBNET = "10.213.77"
 PORT = 23456

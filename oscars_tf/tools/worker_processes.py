@@ -98,6 +98,18 @@ def _die_with_parent():
   return preexec
 
 
+def _compose(*fns):
+  """One preexec_fn running each of `fns` that is not None, or None."""
+  fns = [f for f in fns if f is not None]
+  if len(fns) < 2:
+    return fns[0] if fns else None
+
+  def preexec():
+    for f in fns:
+      f()
+  return preexec
+
+
 class Signals:
   """Catches SIGTERM, SIGINT and SIGHUP while the launcher runs a job.
 
@@ -133,11 +145,14 @@ class Job:
 
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
-  the Job dies (see _die_with_parent).
+  the Job dies (see _die_with_parent). `worker_preexec` maps a worker's
+  index to a Popen preexec_fn of its own, run after that (e.g. entering
+  its network namespace, worker_netns.WorkerNamespaces.enter).
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
-               worker_env=None, out=None, hosts=None, err=None):
+               worker_env=None, out=None, hosts=None, err=None,
+               worker_preexec=None):
     self.command = list(command)
     self.num_workers = num_workers
     self.procs = []
@@ -157,10 +172,12 @@ class Job:
       penv.update((worker_env or {}).get(i, {}))
       # preexec_fn with the pump threads running is safe here: CPython runs
       # it in the forked child holding the GIL, and it takes no lock (prctl
-      # is resolved before the fork; getppid and kill are syscalls).
+      # and setns are resolved before the fork; getppid, kill and setns are
+      # syscalls).
+      own = _compose(preexec, (worker_preexec or {}).get(i))
       p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, start_new_session=True,
-                           preexec_fn=preexec)  # noqa: PLW1509
+                           preexec_fn=own)  # noqa: PLW1509
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
         t = threading.Thread(target=_pump, args=(stream, f"[{i}] ", sink),
                              daemon=True)
