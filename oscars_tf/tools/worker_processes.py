@@ -98,6 +98,18 @@ def _die_with_parent():
   return preexec
 
 
+def _compose(*steps):
+  """One preexec_fn running `steps` (the Nones skipped) in order, or None."""
+  steps = [s for s in steps if s is not None]
+  if len(steps) <= 1:
+    return steps[0] if steps else None
+
+  def preexec():
+    for step in steps:
+      step()
+  return preexec
+
+
 class Signals:
   """Catches SIGTERM, SIGINT and SIGHUP while the launcher runs a job.
 
@@ -133,11 +145,15 @@ class Job:
 
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
-  the Job dies (see _die_with_parent).
+  the Job dies (see _die_with_parent). `worker_preexec(i)`, where given,
+  returns a step for worker i's process to run after fork and before exec
+  (e.g. join a cgroup: cpu_limits.CpuLimits.preexec), or None; it runs
+  after the parent-death signal is set, and must take no lock.
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
-               worker_env=None, out=None, hosts=None, err=None):
+               worker_env=None, out=None, hosts=None, err=None,
+               worker_preexec=None):
     self.command = list(command)
     self.num_workers = num_workers
     self.procs = []
@@ -150,14 +166,17 @@ class Job:
     # `out` without `err` gets both.
     err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
-    preexec = _die_with_parent()
+    die_with_parent = _die_with_parent()
     for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
       penv = dict(os.environ if env is None else env)
       penv["TF_CONFIG"] = config
       penv.update((worker_env or {}).get(i, {}))
+      preexec = _compose(die_with_parent,
+                         worker_preexec and worker_preexec(i))
       # preexec_fn with the pump threads running is safe here: CPython runs
       # it in the forked child holding the GIL, and it takes no lock (prctl
-      # is resolved before the fork; getppid and kill are syscalls).
+      # is resolved before the fork; getppid and kill are syscalls; so are
+      # worker_preexec's steps).
       p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, start_new_session=True,
                            preexec_fn=preexec)  # noqa: PLW1509
