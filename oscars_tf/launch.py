@@ -23,8 +23,9 @@ forwarded to every worker's process group, SIGKILL follows after
 --grace_seconds, and the launcher exits with 128 + the signal's number; a
 launcher killed with SIGKILL takes its workers with it (Linux's parent-death
 signal). Workers start with TensorFlow's C++ start-up logging quieted
-(--tf_log_level). `oscars-launch --help` lists the flags by section.
-Imports no TensorFlow.
+(--tf_log_level). With --cpu_limit each worker runs in a cgroup of its own
+with a real CPU quota (EMULATED heterogeneity; see cpu_limits.py).
+`oscars-launch --help` lists the flags by section. Imports no TensorFlow.
 """
 
 import contextlib
@@ -34,9 +35,10 @@ import time
 
 from absl import app, flags
 
-from oscars_tf.tools import netns, worker_netns
+from oscars_tf.tools import cpu_limits, netns, worker_netns
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
-    FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
+    FORWARDED_SIGNALS, Job, Signals, compose, describe_exit, free_ports,
+    tf_configs)
 
 FLAGS = flags.FLAGS
 
@@ -51,7 +53,7 @@ SECTIONS = (
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host", "bandwidth")),
-    ("emulation", ("simulate_step_time",)),
+    ("emulation", ("simulate_step_time", "cpu_limit")),
 )
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
 # TensorFlow's C++ runtime logs a dozen INFO and WARNING lines per worker at
@@ -134,6 +136,15 @@ def define_flags(flag_values=FLAGS):
                       "each training step, e.g. '20ms*1,1,2,4' or "
                       "'20ms;2:4x@60s' (see oscars_tf.simulate). Passed to "
                       "the workers as OSCARS_SIMULATE_STEP_TIME.", **fv)
+  flags.DEFINE_string("cpu_limit", "",
+                      "EMULATED heterogeneity: run each worker in a cgroup "
+                      "of its own with a real CPU quota, as Kubernetes "
+                      "enforces resources.limits.cpu (CFS quota: limit x "
+                      "100 ms of CPU time per 100 ms). CPUs per worker, "
+                      "e.g. '1,1,0.5,0.25', or one value for all ('500m' "
+                      "= 0.5). Needs Linux, a cgroup cpu controller (v1 or "
+                      "v2) and root. Passed to each worker as "
+                      "OSCARS_CPU_LIMIT.", **fv)
 
 
 def help_text(flag_values=FLAGS):
@@ -261,18 +272,64 @@ def _emulated_network():
     spaces.remove()
 
 
+@contextlib.contextmanager
+def _cpu_limits():
+  """--cpu_limit's cgroups while the jobs run; None without the flag."""
+  if not FLAGS.cpu_limit:
+    yield None
+    return
+  try:
+    values = cpu_limits.parse(FLAGS.cpu_limit, FLAGS.num_workers)
+  except ValueError as e:
+    raise app.UsageError(f"--cpu_limit: {e}") from None
+  limits = cpu_limits.CpuLimits(values).create()
+  try:
+    for line in limits.describe():
+      print(f"oscars-launch: {line}", file=sys.stderr)
+    yield limits
+  finally:
+    for path in limits.remove():
+      print(f"oscars-launch: WARNING: could not remove cgroup {path}",
+            file=sys.stderr)
+
+
+def _job_arguments(network, limits):
+  """Job's keyword arguments for the emulated network and CPU limits: the
+  workers' addresses, environments and pre-exec steps (cgroup first, then
+  the namespace)."""
+  n = FLAGS.num_workers
+  out = {"hosts": network.get("hosts")}
+  env = {i: {} for i in range(n)}
+  for part in (network.get("worker_env"), limits and limits.worker_env()):
+    for i, values in (part or {}).items():
+      env[i].update(values)
+  out["worker_env"] = env
+  steps = {i: [] for i in range(n)}
+  if limits is not None:
+    for i in range(n):
+      steps[i].append(limits.preexec(i))
+  for i, step in (network.get("worker_preexec") or {}).items():
+    steps[i].append(step)
+  out["worker_preexec"] = {i: compose(*s) for i, s in steps.items() if s}
+  return out
+
+
 def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
   _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
   restarts = lost_peer_restarts = 0
-  with Signals() as signals, _emulated_network() as network:
+  # Every attempt's workers join the same cgroups and namespaces, removed
+  # at the end.
+  with Signals() as signals, _cpu_limits() as limits, \
+      _emulated_network() as network:
     while True:
       # A new job, on new ports: the old ones may still be in TIME_WAIT.
       attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
-                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)), **network)
+                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
+                **_job_arguments(network, limits))
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
       codes, failed = job.wait(left, FLAGS.grace_seconds,
@@ -329,6 +386,10 @@ def main(argv):
       raise app.UsageError("give the worker command after --, e.g. "
                            "oscars-launch --num_workers 2 -- python train.py")
     return _run(command)
+  except cpu_limits.CpuLimitError as e:
+    # The machine, not the command line: one line, no usage.
+    print(f"oscars-launch: error: --cpu_limit: {e}", file=sys.stderr)
+    return 1
   except app.UsageError as e:
     # absl would print __main__'s docstring: the console script's is empty.
     print(f"oscars-launch: error: {e}\nusage: {USAGE}\nTry --help.",

@@ -98,15 +98,15 @@ def _die_with_parent():
   return preexec
 
 
-def _compose(*fns):
-  """One preexec_fn running each of `fns` that is not None, or None."""
-  fns = [f for f in fns if f is not None]
-  if len(fns) < 2:
-    return fns[0] if fns else None
+def compose(*steps):
+  """One preexec_fn running `steps` (the Nones skipped) in order, or None."""
+  steps = [s for s in steps if s is not None]
+  if len(steps) <= 1:
+    return steps[0] if steps else None
 
   def preexec():
-    for f in fns:
-      f()
+    for step in steps:
+      step()
   return preexec
 
 
@@ -146,8 +146,10 @@ class Job:
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
   the Job dies (see _die_with_parent). `worker_preexec` maps a worker's
-  index to a Popen preexec_fn of its own, run after that (e.g. entering
-  its network namespace, worker_netns.WorkerNamespaces.enter).
+  index to a step for its process to run after fork and before exec (e.g.
+  join a cgroup, cpu_limits.CpuLimits.preexec; enter a network namespace,
+  worker_netns.WorkerNamespaces.enter); it runs after the parent-death
+  signal is set, and must take no lock.
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
@@ -165,19 +167,19 @@ class Job:
     # `out` without `err` gets both.
     err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
-    preexec = _die_with_parent()
+    die_with_parent = _die_with_parent()
     for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
       penv = dict(os.environ if env is None else env)
       penv["TF_CONFIG"] = config
       penv.update((worker_env or {}).get(i, {}))
+      preexec = compose(die_with_parent, (worker_preexec or {}).get(i))
       # preexec_fn with the pump threads running is safe here: CPython runs
       # it in the forked child holding the GIL, and it takes no lock (prctl
-      # and setns are resolved before the fork; getppid, kill and setns are
-      # syscalls).
-      own = _compose(preexec, (worker_preexec or {}).get(i))
+      # is resolved before the fork; getppid, kill, setns and the cgroup
+      # write are syscalls).
       p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, start_new_session=True,
-                           preexec_fn=own)  # noqa: PLW1509
+                           preexec_fn=preexec)  # noqa: PLW1509
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
         t = threading.Thread(target=_pump, args=(stream, f"[{i}] ", sink),
                              daemon=True)
