@@ -59,3 +59,55 @@ def test_quick_benchmark_writes_complete_sane_results(tmp_path):
   overhead = result["overhead"]
   assert overhead["plain_step_ms"] > 0 and overhead["overhead_ratio"] > 0
   assert {g["goal"].split(":")[0] for g in result["goals"]} >= {"hetero"}
+
+
+REAL = BENCHMARK.parent / "real_conditions.py"
+REAL_ROW_FIELDS = {"profile", "strategy", "period", "repeat", "launcher",
+                   "emulated", "time_to_target_s", "final_accuracy",
+                   "train_time_s", "job_wall_s", "utilization", "bytes_sent",
+                   "collectives", "steps", "curve", "chosen"}
+
+
+def test_quick_real_conditions_benchmark_runs_under_real_cpu_quotas(
+    tmp_path):
+  """--quick, 2 workers: EMULATED CPU quotas (cgroups) through the
+  launcher, each strategy a real job; the JSON is complete and sane."""
+  pytest.importorskip("matplotlib")
+  if not cpu_limits_usable():
+    pytest.skip("no writable cgroup cpu controller here (needs root)")
+  out, png = tmp_path / "real.json", tmp_path / "real.png"
+  proc = subprocess.run(
+      [sys.executable, str(REAL), "--quick", "--num_workers=2",
+       "--cpu_ratios=1,0.5", "--epochs=1", "--model=cnn",
+       "--target_accuracy=0.5", f"--result_json={out}", f"--png={png}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=420, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "EMULATED" in proc.stdout and "SIMULATED" not in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["emulated"] is True
+  assert result["config"]["cpu_limits"] == [1.0, 0.5]
+  assert png.stat().st_size > 1000
+  rows = result["rows"]
+  assert sorted(r["strategy"] for r in rows) == ["local_sgd", "oscars",
+                                                  "sync_tf"]
+  for r in rows:
+    assert REAL_ROW_FIELDS <= set(r), REAL_ROW_FIELDS - set(r)
+    assert r["profile"] == "cpu_uneven"
+    assert "--cpu_limit=1,0.5" in r["launcher"]
+    assert 0 <= r["final_accuracy"] <= 1 and r["train_time_s"] > 0
+    assert len(r["utilization"]) == 2
+    assert all(0 <= u <= 1 for u in r["utilization"])
+    assert all(b > 0 for b in r["bytes_sent"])
+    assert r["curve"] and all(0 <= a <= 1 and t > 0 for t, a in r["curve"])
+  assert any(g["goal"].startswith("cpu_uneven: oscars vs sync_tf")
+             for g in result["goals"])
+
+
+def cpu_limits_usable():
+  from oscars_tf.tools import cpu_limits  # pylint: disable=g-import-not-at-top
+  try:
+    cpu_limits.CpuLimits([1.0]).detect()
+  except cpu_limits.CpuLimitError:
+    return False
+  return True
