@@ -14,7 +14,10 @@ the worker; with --restarts=K it starts all workers again instead, up to K
 times, and training resumes from its last checkpoint. A worker killed
 inside an averaging collective aborts the others' collectives: they save
 their state and exit with code 75, and the launcher restarts the job by
-itself (--lost_peer_restarts), resuming from that state.
+itself (--lost_peer_restarts), resuming from that state. With --num_ps,
+the job is TensorFlow's ParameterServerStrategy cluster (a chief, the
+workers, the ps tasks): the workers' and ps tasks' servers run until the
+chief exits, and the chief's exit ends the job.
 
 No worker outlives the launcher: SIGTERM, SIGINT (Ctrl-C) and SIGHUP are
 forwarded to every worker's process group, SIGKILL follows after
@@ -44,7 +47,7 @@ DESCRIPTION = (
     "a signal.")
 # --help lists the flags in these sections, in this order.
 SECTIONS = (
-    ("cluster", ("num_workers", "timeout", "tf_log_level")),
+    ("cluster", ("num_workers", "num_ps", "timeout", "tf_log_level")),
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host")),
@@ -62,6 +65,15 @@ def define_flags(flag_values=FLAGS):
   fv = {"flag_values": flag_values}
   flags.DEFINE_integer("num_workers", 2, "Number of worker processes.",
                        lower_bound=1, **fv)
+  flags.DEFINE_integer(
+      "num_ps", 0, "Parameter servers: with N > 0 the job is "
+      "ParameterServerStrategy's cluster, a `chief` task (the coordinator), "
+      "--num_workers `worker` tasks and N `ps` tasks (log prefixes [chief], "
+      "[0], [ps0]). The workers' and ps tasks' servers run until the chief "
+      "exits; then the launcher stops them (SIGTERM, SIGKILL after "
+      "--grace_seconds) and the chief's exit code is the job's. Per-worker "
+      "settings (--simulate_step_time) apply to the `worker` tasks by "
+      "index.", lower_bound=0, **fv)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0, **fv)
   flags.DEFINE_integer(
@@ -206,7 +218,8 @@ def _run(command):
       # A new job, on new ports: the old ones may still be in TIME_WAIT.
       attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
-                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)))
+                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
+                num_ps=FLAGS.num_ps)
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
       codes, failed = job.wait(left, FLAGS.grace_seconds,
@@ -227,7 +240,7 @@ def _run(command):
       if restarts == FLAGS.restarts:
         break
       restarts += 1
-      print(f"oscars-launch: worker {failed} "
+      print(f"oscars-launch: {job.name(failed)} "
             f"{describe_exit(codes[failed])}; stopped the others; "
             f"restarting all {FLAGS.num_workers} workers (restart "
             f"{restarts} of {FLAGS.restarts}).", file=sys.stderr)
@@ -242,12 +255,19 @@ def _run(command):
           "all workers.", file=sys.stderr)
     return 124
   if failed is not None:
-    print(f"oscars-launch: worker {failed} {describe_exit(codes[failed])}; "
-          "stopped the other workers.", file=sys.stderr)
+    print(f"oscars-launch: {job.name(failed)} "
+          f"{describe_exit(codes[failed])}; stopped the other workers.",
+          file=sys.stderr)
     return 1
   if job.lost:
     print(f"oscars-launch: the job finished without worker(s) "
-          f"{sorted(job.lost)}, lost during training.", file=sys.stderr)
+          f"{sorted(job.tasks[i][1] for i in job.lost)}, lost during "
+          "training.", file=sys.stderr)
+    return 0
+  if job.servers:
+    print(f"oscars-launch: the chief finished; stopped the "
+          f"{FLAGS.num_workers} worker and {FLAGS.num_ps} ps servers.",
+          file=sys.stderr)
     return 0
   print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",
         file=sys.stderr)

@@ -32,8 +32,9 @@ tf.config.set_logical_device_configuration(
 SLOW_MODULES = frozenset({
     "test_adaptive", "test_benchmark_smoke", "test_cli_help", "test_faults",
     "test_frontends", "test_frontends_keras3", "test_launch",
-    "test_multiworker", "test_netns", "test_observability", "test_poison",
-    "test_random_faults", "test_recovery", "test_tf_tutorials", "test_train"})
+    "test_launch_ps", "test_multiworker", "test_netns", "test_observability",
+    "test_poison", "test_random_faults", "test_recovery", "test_tf_tutorials",
+    "test_train"})
 
 
 def pytest_collection_modifyitems(items):
