@@ -12,6 +12,10 @@ multi-process job started with oscars-launch running examples/train.py:
   sync       OscarsStrategy, Fixed(every=1)
   local_sgd  OscarsStrategy, Fixed(every=P), the best P of --periods
   oscars     OscarsStrategy, the Adaptive default, untuned
+  async_ps   TensorFlow's ParameterServerStrategy, asynchronous (opt-in:
+             --strategies=...,async_ps; a chief and one ps task besides the
+             workers, examples/ps_loop.py, whose per-worker numbers are
+             partly estimated)
 
 Speed profiles are SIMULATED (a sleep per step, see oscars_tf.simulate) so
 that 4 processes on 2 cores measure the schedule, not CPU contention; the
@@ -19,7 +23,6 @@ table reports the real-compute share of each run. The accuracy curve is the
 averaged model (every worker holds it at an epoch end) on the held-out test
 set after every epoch; time is training time (evaluation excluded).
 
-No asynchronous baseline: see benchmarks/README.md for why.
 """
 
 import json
@@ -39,14 +42,17 @@ import accuracy_runs  # benchmarks/accuracy_runs.py
 ROOT = accuracy_runs.ROOT
 OVERHEAD = os.path.join(ROOT, "benchmarks", "overhead.py")
 PROFILES = ("homogeneous", "hetero", "dynamic")
-STRATEGIES = ("sync_tf", "sync", "local_sgd", "oscars")
+STRATEGIES = ("sync_tf", "sync", "local_sgd", "oscars", "async_ps")
+DEFAULT_STRATEGIES = STRATEGIES[:4]
 TRAIN_STRATEGY = {"sync_tf": "multi_worker_mirrored", "sync": "sync",
-                  "local_sgd": "local_sgd", "oscars": "oscars"}
+                  "local_sgd": "local_sgd", "oscars": "oscars",
+                  "async_ps": "parameter_server"}
 
 flags.DEFINE_bool("quick", False, "A small run (hetero profile, one "
                   "local_sgd period, fewer epochs): under 3 minutes.")
 flags.DEFINE_list("profiles", list(PROFILES), "SIMULATED speed profiles.")
-flags.DEFINE_list("strategies", list(STRATEGIES), "Strategies to compare.")
+flags.DEFINE_list("strategies", list(DEFAULT_STRATEGIES), "Strategies to "
+                  f"compare, of {', '.join(STRATEGIES)}.")
 flags.DEFINE_list("periods", ["4", "16"], "local_sgd periods to sweep.")
 flags.DEFINE_integer("num_workers", 4, "Workers per job.", lower_bound=2)
 flags.DEFINE_string("base_step_time", "50ms", "SIMULATED step time of a 1x "
@@ -99,7 +105,8 @@ def run_job(strategy, profile, period, outdir):
   n = FLAGS.num_workers
   name = f"{profile}-{strategy}" + (f"-{period}" if period else "")
   return accuracy_runs.run_job(
-      name, [f"--num_workers={n}"],
+      name, [f"--num_workers={n}"] + (
+          ["--num_ps=1"] if strategy == "async_ps" else []),
       [f"--strategy={TRAIN_STRATEGY[strategy]}",
        f"--simulate_step_time={profile_spec(profile, n)}",
        f"--dataset={FLAGS.dataset}", f"--model={FLAGS.model}",

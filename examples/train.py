@@ -16,10 +16,15 @@ epoch and every worker's step counts.
 
 MultiWorkerMirroredStrategy is trained with a custom loop
 (examples/loops.py): Keras 3 `fit` does not work with it in TF 2.21.
+--strategy=parameter_server, TensorFlow's asynchronous ParameterServerStrategy,
+runs under `oscars-launch --num_ps N` with its own custom loop
+(examples/ps_loop.py, which says what its result numbers estimate): the
+worker and ps tasks serve, the chief schedules the steps.
 """
 
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -77,7 +82,8 @@ FLAGS = flags.FLAGS
     "the custom loop (--loop=custom); fit can only slow down OscarsStrategy")
 def _simulation_supported(values):
   return (not values["simulate_step_time"] or values["strategy"] in
-          ("oscars", "local_sgd", "sync") or values["loop"] == "custom" or
+          ("oscars", "local_sgd", "sync", "parameter_server") or
+          values["loop"] == "custom" or
           (values["strategy"] == "multi_worker_mirrored" and
            values["loop"] == "auto"))
 
@@ -91,8 +97,19 @@ def _mwms_needs_custom_loop(values):
               values["loop"] == "fit")
 
 
+@flags.multi_flags_validator(
+    ["strategy", "loop", "checkpoint_dir", "deterministic", "nan_on_sigusr1"],
+    message="--strategy=parameter_server runs its own custom loop (not "
+    "--loop=fit) and has no --checkpoint_dir, --deterministic or "
+    "--nan_on_sigusr1")
+def _ps_flags(values):
+  return values["strategy"] != "parameter_server" or not (
+      values["loop"] == "fit" or values["checkpoint_dir"] or
+      values["deterministic"] or values["nan_on_sigusr1"])
+
+
 def _uses_custom_loop():
-  return FLAGS.loop == "custom" or (
+  return FLAGS.loop == "custom" or FLAGS.strategy == "parameter_server" or (
       FLAGS.loop == "auto" and FLAGS.strategy == "multi_worker_mirrored")
 
 
@@ -136,6 +153,10 @@ def _worker_numbers(strategy, model, steps, train_time, simulated_s,
 
 def main(argv):
   del argv
+  ps = FLAGS.strategy == "parameter_server"
+  if ps:
+    import ps_loop  # pylint: disable=g-import-not-at-top
+    ps_loop.serve_unless_chief()  # worker and ps tasks: never returns
   # The strategy comes first: it joins the cluster before TF runs any op.
   try:
     strategy = oscars_flags.make_strategy()
@@ -152,8 +173,10 @@ def main(argv):
                                          **kwargs)
   except (data.DatasetUnavailableError, ImportError) as e:
     sys.exit(f"train.py: --dataset={FLAGS.dataset}: {e}")
-  worker, num_workers = loops.worker_of(strategy)
+  worker, num_workers = ((0, ps_loop.num_workers(strategy)) if ps else
+                         loops.worker_of(strategy))
   is_chief = worker == 0
+  who = "chief" if ps else f"worker {worker}/{num_workers}"
   keras.utils.set_random_seed(FLAGS.seed)
   if FLAGS.deterministic:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -200,12 +223,13 @@ def main(argv):
     if FLAGS.checkpoint_dir and is_chief:
       checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1, strategy)
     if not is_chief or _uses_custom_loop():
-      print(f"worker {worker}/{num_workers} epoch {epoch + 1}/{FLAGS.epochs}:"
+      print(f"{who} epoch {epoch + 1}/{FLAGS.epochs}:"
             f" loss {loss:.4f}, test accuracy {accuracy:.4f}, "
             f"{train_time():.1f} s", flush=True)
 
   simulate = None
-  if FLAGS.simulate_step_time and not hasattr(strategy, "worker_index"):
+  if FLAGS.simulate_step_time and not hasattr(strategy, "worker_index") and (
+      not ps):
     from oscars_tf import simulate as simulate_lib  # pylint: disable=g-import-not-at-top
     profile = simulate_lib.StepTimeProfile.parse(FLAGS.simulate_step_time)
     start = time.monotonic()
@@ -213,13 +237,27 @@ def main(argv):
                                                time.monotonic() - start)
     logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
 
-  replicas = loops.local_replicas(strategy)
-  real_step_s = loops.local_step_time(model, x, y,
-                                      max(FLAGS.batch_size // replicas, 1))
-  loop_stats = {}
+  replicas = 1 if ps else loops.local_replicas(strategy)
+  real_step_s = loops.local_step_time(
+      ps_loop.local_copy(model) if ps else model, x, y,
+      max(FLAGS.batch_size // replicas, 1))
+  loop_stats, simulated_spec = {}, FLAGS.simulate_step_time or None
   if initial_epoch >= FLAGS.epochs:
     logging.info("checkpoint is at epoch %d >= --epochs; nothing to train",
                  initial_epoch)
+  elif ps:
+    from oscars_tf import simulate as simulate_lib  # pylint: disable=g-import-not-at-top
+    # The launcher's --simulate_step_time comes as the environment's.
+    simulated_spec = FLAGS.simulate_step_time or os.environ.get(
+        "OSCARS_SIMULATE_STEP_TIME") or None
+    if simulated_spec:
+      logging.warning("SIMULATED heterogeneity on the worker tasks: %s",
+                      simulated_spec)
+    loop_stats = ps_loop.train(
+        strategy, model, model.optimizer, x, y, FLAGS.batch_size,
+        FLAGS.epochs, seed=FLAGS.seed,
+        profile=simulate_lib.StepTimeProfile.parse(simulated_spec or ""),
+        on_epoch_end=after_epoch, on_first_step=start_clock)
   elif _uses_custom_loop():
     _, loop_stats = loops.train(
         strategy, model, model.optimizer, x, y, FLAGS.batch_size,
@@ -246,13 +284,18 @@ def main(argv):
                 verbose=1 if is_chief else 0)
   wall = clock.get("end", train_time())
   test_loss, accuracy = loops.evaluate(model, x_test, y_test)
-  steps = int(model.optimizer.iterations.numpy())
-  simulated = (strategy.stats()["simulated_s"] if hasattr(strategy, "stats")
-               else loop_stats.get("simulated_s", 0.0))
-  row = _worker_numbers(strategy, model, steps - clock["steps0"], wall,
-                        simulated, real_step_s)
-  per_worker = loops.gather_per_worker(strategy, list(row.values()))
-  print(f"worker {worker}/{num_workers}: test accuracy {accuracy:.4f}, loss "
+  if ps:  # the optimizer's iterations race: the steps scheduled instead
+    steps = loop_stats["total_steps"]
+    rows = ps_loop.per_worker_rows(loop_stats, model, wall, real_step_s)
+    row, per_worker = rows[0], [v for r in rows for v in r.values()]
+  else:
+    steps = int(model.optimizer.iterations.numpy())
+    simulated = (strategy.stats()["simulated_s"] if hasattr(strategy, "stats")
+                 else loop_stats.get("simulated_s", 0.0))
+    row = _worker_numbers(strategy, model, steps - clock["steps0"], wall,
+                          simulated, real_step_s)
+    per_worker = loops.gather_per_worker(strategy, list(row.values()))
+  print(f"{who}: test accuracy {accuracy:.4f}, loss "
         f"{test_loss:.4f}, {steps} optimizer steps, {wall:.1f} s", flush=True)
   if FLAGS.result_json and is_chief:
     result = {
@@ -270,7 +313,7 @@ def main(argv):
             for v in model.weights)).hexdigest(),
         "wall_time_s": wall, "eval_time_s": clock["eval_s"],
         "optimizer_step": steps, "curve": curve,
-        "simulated_step_time": FLAGS.simulate_step_time or None,
+        "simulated_step_time": simulated_spec,
         # The chief's view of each round's plan: steps per worker.
         "round_plans": [r["planned_all"] for r in
                         getattr(strategy, "round_history", [])],

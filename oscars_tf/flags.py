@@ -23,7 +23,7 @@ from oscars_tf import cluster
 from oscars_tf import schedules
 
 STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored", "multi_worker_mirrored",
-              "default")
+              "parameter_server", "default")
 PERIOD_RULES = ("cost", "adacomm", "quadratic", "divergence", "constant")
 RESOLVERS = ("tf_config", "slurm")
 
@@ -31,8 +31,10 @@ flags.DEFINE_enum(
     "strategy", "oscars", STRATEGIES,
     "oscars: OscarsStrategy with the adaptive schedule; local_sgd: "
     "OscarsStrategy averaging every --period steps; sync: OscarsStrategy "
-    "averaging every step; mirrored / multi_worker_mirrored / default: "
-    "TensorFlow's own strategies, for comparison.")
+    "averaging every step; mirrored / multi_worker_mirrored / "
+    "parameter_server / default: TensorFlow's own strategies, for "
+    "comparison (parameter_server: asynchronous, on the chief of an "
+    "`oscars-launch --num_ps N` cluster).")
 flags.DEFINE_integer("period", 8, "local_sgd: local steps between averagings.",
                      lower_bound=1)
 flags.DEFINE_integer("warmup_steps", 0, "local_sgd: average after each of the "
@@ -133,6 +135,18 @@ def make_strategy(flag_values=FLAGS):
     return tf.distribute.MirroredStrategy()
   if f.strategy == "multi_worker_mirrored":
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+  if f.strategy == "parameter_server":
+    resolver = resolver or (
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    if resolver.task_type != "chief":
+      # TensorFlow's pattern: workers and ps tasks only serve (see
+      # examples/ps_loop.serve_unless_chief).
+      raise ValueError(
+          "--strategy=parameter_server: only the chief builds the strategy; "
+          f"this task is {resolver.task_type!r}: run a tf.distribute.Server "
+          "there (oscars-launch --num_ps N starts the chief, workers and "
+          "ps tasks).")
+    return tf.distribute.ParameterServerStrategy(resolver)
   import oscars_tf  # pylint: disable=g-import-not-at-top
   outer = (None if f.outer_momentum is None else
            schedules.OuterMomentum(momentum=f.outer_momentum))

@@ -16,7 +16,10 @@ the worker; with --restarts=K it starts all workers again instead, up to K
 times, and training resumes from its last checkpoint. A worker killed
 inside an averaging collective aborts the others' collectives: they save
 their state and exit with code 75, and the launcher restarts the job by
-itself (--lost_peer_restarts), resuming from that state.
+itself (--lost_peer_restarts), resuming from that state. With --num_ps,
+the job is TensorFlow's ParameterServerStrategy cluster (a chief, the
+workers, the ps tasks): the workers' and ps tasks' servers run until the
+chief exits, and the chief's exit ends the job.
 
 No worker outlives the launcher: SIGTERM, SIGINT (Ctrl-C) and SIGHUP are
 forwarded to every worker's process group, SIGKILL follows after
@@ -28,17 +31,15 @@ with a real CPU quota (EMULATED heterogeneity; see cpu_limits.py).
 `oscars-launch --help` lists the flags by section. Imports no TensorFlow.
 """
 
-import contextlib
 import os
 import sys
 import time
 
 from absl import app, flags
 
-from oscars_tf.tools import cpu_limits, netns, worker_netns
+from oscars_tf.tools import cpu_limits, emulation, netns, worker_netns
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
-    FORWARDED_SIGNALS, Job, Signals, compose, describe_exit, free_ports,
-    tf_configs)
+    FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +50,7 @@ DESCRIPTION = (
     "a signal.")
 # --help lists the flags in these sections, in this order.
 SECTIONS = (
-    ("cluster", ("num_workers", "timeout", "tf_log_level")),
+    ("cluster", ("num_workers", "num_ps", "timeout", "tf_log_level")),
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host", "bandwidth")),
@@ -67,6 +68,15 @@ def define_flags(flag_values=FLAGS):
   fv = {"flag_values": flag_values}
   flags.DEFINE_integer("num_workers", 2, "Number of worker processes.",
                        lower_bound=1, **fv)
+  flags.DEFINE_integer(
+      "num_ps", 0, "Parameter servers: with N > 0 the job is "
+      "ParameterServerStrategy's cluster, a `chief` task (the coordinator), "
+      "--num_workers `worker` tasks and N `ps` tasks (log prefixes [chief], "
+      "[0], [ps0]). The workers' and ps tasks' servers run until the chief "
+      "exits; then the launcher stops them (SIGTERM, SIGKILL after "
+      "--grace_seconds) and the chief's exit code is the job's. Per-worker "
+      "settings (--simulate_step_time) apply to the `worker` tasks by "
+      "index.", lower_bound=0, **fv)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0, **fv)
   flags.DEFINE_integer(
@@ -225,95 +235,6 @@ def _worker_env():
   return env
 
 
-@contextlib.contextmanager
-def _emulated_network():
-  """Job's keyword arguments for --network=emulated ({} otherwise).
-
-  The namespaces outlive restarts (every Job enters the same ones) and are
-  removed however the job ends, a signal or an error included; a launcher
-  killed by SIGKILL takes them with it (see WorkerNamespaces.detach).
-  """
-  if FLAGS.network != "emulated":
-    if FLAGS.bandwidth:
-      raise app.UsageError("--bandwidth needs --network=emulated")
-    yield {}
-    return
-  if FLAGS["host"].present:
-    raise app.UsageError("--host does not apply to --network=emulated: "
-                         "each worker gets an address of its own")
-  if FLAGS.num_workers > worker_netns.MAX_WORKERS:
-    raise app.UsageError(f"--network=emulated: at most "
-                         f"{worker_netns.MAX_WORKERS} workers")
-  rates = None
-  if FLAGS.bandwidth:
-    try:
-      rates = worker_netns.parse_bandwidth(FLAGS.bandwidth, FLAGS.num_workers)
-    except ValueError as e:
-      raise app.UsageError(f"--bandwidth: {e}")
-  spaces = worker_netns.emulate(FLAGS.num_workers, rates)
-  try:
-    n = FLAGS.num_workers
-    say = "oscars-launch: EMULATED network: worker"
-    if rates is None:
-      print(f"{say} i at {spaces.subnet}.(i+1), links not shaped",
-            file=sys.stderr)
-    elif len(set(rates)) == 1:
-      print(f"{say} i at {spaces.subnet}.(i+1), link shaped with tbf rate "
-            f"{rates[0]} (both directions)", file=sys.stderr)
-    else:
-      for i, rate in enumerate(rates):
-        print(f"{say} {i} at {spaces.address(i)}, link shaped with tbf rate "
-              f"{rate} (both directions)", file=sys.stderr)
-    yield {"hosts": [spaces.address(i) for i in range(n)],
-           "worker_preexec": {i: spaces.enter(i) for i in range(n)},
-           "worker_env": {i: {"OSCARS_BANDWIDTH": rates[i]} for i in
-                          range(n)} if rates else None}
-  finally:
-    spaces.remove()
-
-
-@contextlib.contextmanager
-def _cpu_limits():
-  """--cpu_limit's cgroups while the jobs run; None without the flag."""
-  if not FLAGS.cpu_limit:
-    yield None
-    return
-  try:
-    values = cpu_limits.parse(FLAGS.cpu_limit, FLAGS.num_workers)
-  except ValueError as e:
-    raise app.UsageError(f"--cpu_limit: {e}") from None
-  limits = cpu_limits.CpuLimits(values).create()
-  try:
-    for line in limits.describe():
-      print(f"oscars-launch: {line}", file=sys.stderr)
-    yield limits
-  finally:
-    for path in limits.remove():
-      print(f"oscars-launch: WARNING: could not remove cgroup {path}",
-            file=sys.stderr)
-
-
-def _job_arguments(network, limits):
-  """Job's keyword arguments for the emulated network and CPU limits: the
-  workers' addresses, environments and pre-exec steps (cgroup first, then
-  the namespace)."""
-  n = FLAGS.num_workers
-  out = {"hosts": network.get("hosts")}
-  env = {i: {} for i in range(n)}
-  for part in (network.get("worker_env"), limits and limits.worker_env()):
-    for i, values in (part or {}).items():
-      env[i].update(values)
-  out["worker_env"] = env
-  steps = {i: [] for i in range(n)}
-  if limits is not None:
-    for i in range(n):
-      steps[i].append(limits.preexec(i))
-  for i, step in (network.get("worker_preexec") or {}).items():
-    steps[i].append(step)
-  out["worker_preexec"] = {i: compose(*s) for i, s in steps.items() if s}
-  return out
-
-
 def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
   _isolate(sys.argv)
@@ -322,14 +243,17 @@ def _run(command):
   restarts = lost_peer_restarts = 0
   # Every attempt's workers join the same cgroups and namespaces, removed
   # at the end.
-  with Signals() as signals, _cpu_limits() as limits, \
-      _emulated_network() as network:
+  with Signals() as signals, emulation.cpu_quotas(
+      FLAGS.cpu_limit, FLAGS.num_workers) as limits, emulation.network(
+          FLAGS.network, FLAGS.bandwidth, FLAGS.num_workers, FLAGS.num_ps,
+          FLAGS["host"].present) as spaces:
     while True:
       # A new job, on new ports: the old ones may still be in TIME_WAIT.
       attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
                 env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
-                **_job_arguments(network, limits))
+                num_ps=FLAGS.num_ps, **emulation.job_arguments(
+                    FLAGS.num_workers, FLAGS.num_ps, spaces, limits))
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
       codes, failed = job.wait(left, FLAGS.grace_seconds,
@@ -350,7 +274,7 @@ def _run(command):
       if restarts == FLAGS.restarts:
         break
       restarts += 1
-      print(f"oscars-launch: worker {failed} "
+      print(f"oscars-launch: {job.name(failed)} "
             f"{describe_exit(codes[failed])}; stopped the others; "
             f"restarting all {FLAGS.num_workers} workers (restart "
             f"{restarts} of {FLAGS.restarts}).", file=sys.stderr)
@@ -365,12 +289,19 @@ def _run(command):
           "all workers.", file=sys.stderr)
     return 124
   if failed is not None:
-    print(f"oscars-launch: worker {failed} {describe_exit(codes[failed])}; "
-          "stopped the other workers.", file=sys.stderr)
+    print(f"oscars-launch: {job.name(failed)} "
+          f"{describe_exit(codes[failed])}; stopped the other workers.",
+          file=sys.stderr)
     return 1
   if job.lost:
     print(f"oscars-launch: the job finished without worker(s) "
-          f"{sorted(job.lost)}, lost during training.", file=sys.stderr)
+          f"{sorted(job.tasks[i][1] for i in job.lost)}, lost during "
+          "training.", file=sys.stderr)
+    return 0
+  if job.servers:
+    print(f"oscars-launch: the chief finished; stopped the "
+          f"{FLAGS.num_workers} worker and {FLAGS.num_ps} ps servers.",
+          file=sys.stderr)
     return 0
   print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",
         file=sys.stderr)
@@ -386,6 +317,10 @@ def main(argv):
       raise app.UsageError("give the worker command after --, e.g. "
                            "oscars-launch --num_workers 2 -- python train.py")
     return _run(command)
+  except emulation.FlagError as e:
+    print(f"oscars-launch: error: {e}\nusage: {USAGE}\nTry --help.",
+          file=sys.stderr)
+    return 1
   except cpu_limits.CpuLimitError as e:
     # The machine, not the command line: one line, no usage.
     print(f"oscars-launch: error: --cpu_limit: {e}", file=sys.stderr)

@@ -177,3 +177,49 @@ def test_compare_prints_both_runs():
   for row in rows:
     accuracy = float(row.split()[-4])
     assert 0.5 < accuracy <= 1.0, row
+
+
+def test_parameter_server_baseline_under_the_launcher(tmp_path):
+  # oscars-launch starts the chief, 2 worker and 1 ps tasks; the job ends
+  # when the chief is done. Worker 1 is SIMULATED 4x slower, so the
+  # asynchronous workers take unequal steps.
+  result = tmp_path / "ps.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
+       "--num_ps=1", "--grace_seconds=3", "--timeout=400",
+       "--simulate_step_time=10ms*1,4", "--", sys.executable, TRAIN,
+       "--strategy=parameter_server", "--epochs=2", "--dataset=digits",
+       "--model=mlp", f"--result_json={result}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=460, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "the chief finished; stopped the 2 worker and 1 ps" in proc.stdout
+  r = json.loads(result.read_text())
+  print(f"parameter_server: test accuracy {r['test_accuracy']:.4f}, steps "
+        f"{[w['steps'] for w in r['per_worker']]}")
+  assert r["strategy"] == "parameter_server" and r["workers"] == 2
+  assert r["test_accuracy"] >= 0.8, r  # chance: 0.1
+  curve = r["curve"]
+  assert [c["epoch"] for c in curve] == [1, 2]
+  assert 0 < curve[0]["train_time_s"] < curve[1]["train_time_s"]
+  # A data set's worth of steps per epoch over the cluster (1437 digits in
+  # batches of 32), the first one start-up.
+  assert r["optimizer_step"] == 2 * 45
+  workers = r["per_worker"]
+  assert sum(w["steps"] for w in workers) == 2 * 45 - 1
+  assert all(w["steps"] > 0 for w in workers)
+  assert workers[0]["steps"] > workers[1]["steps"]  # the faster one
+  for w, per_step in zip(workers, (0.01, 0.04)):
+    assert w["simulated_s"] == pytest.approx(per_step * w["steps"])
+    assert w["bytes_sent"] > 0 and w["collectives"] == w["steps"]
+  assert r["simulated_step_time"] == "10ms*1,4"
+
+
+def test_parameter_server_outside_its_cluster_says_how_to_launch_it():
+  proc = _train("--strategy=parameter_server", timeout=120)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("train.py:") and "--num_ps" in last, last
+  proc = _train("--strategy=parameter_server", "--loop=fit", timeout=60)
+  assert proc.returncode != 0
+  assert "--loop=fit" in proc.stderr.strip().splitlines()[0]

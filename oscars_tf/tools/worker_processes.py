@@ -4,8 +4,10 @@ machinery; `Job` is also what the tests and benchmarks start jobs with).
 Each worker gets its own TF_CONFIG on a free port, leads its own process
 group (signals reach whatever it starts) and, on Linux, is killed by the
 kernel if the thread that started it dies (PR_SET_PDEATHSIG). Its stdout and
-stderr are forwarded line by line, prefixed with its index. Imports no
-TensorFlow.
+stderr are forwarded line by line, prefixed with its index. With `num_ps`,
+the job is ParameterServerStrategy's cluster instead: a chief (the
+coordinator), the workers and the ps tasks, whose servers run until the
+chief is done. Imports no TensorFlow.
 """
 
 import ctypes
@@ -39,18 +41,47 @@ def free_ports(n, host="127.0.0.1"):
   return ports
 
 
-def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None):
-  """One TF_CONFIG JSON string per worker of a local cluster.
+def cluster_tasks(num_workers, num_ps=0):
+  """(task type, index) of each process of a job, in a Job's order.
 
-  `hosts` (one address per worker) places workers on different addresses,
+  Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
+  MultiWorkerMirroredStrategy). With ps tasks: ParameterServerStrategy's
+  cluster, the chief (the coordinator) first, then the workers, then the ps.
+  """
+  if not num_ps:
+    return [("worker", i) for i in range(num_workers)]
+  return ([("chief", 0)] + [("worker", i) for i in range(num_workers)] +
+          [("ps", i) for i in range(num_ps)])
+
+
+def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None,
+               num_ps=0):
+  """One TF_CONFIG JSON string per task of a local cluster (cluster_tasks'
+  order): per worker, or with `num_ps` a chief, workers and ps tasks.
+
+  `hosts` (one address per task) places tasks on different addresses,
   e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
   """
-  ports = ports or free_ports(num_workers, host)
-  hosts = hosts or [host] * num_workers
-  cluster = {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports)]}
+  tasks = cluster_tasks(num_workers, num_ps)
+  ports = ports or free_ports(len(tasks), host)
+  hosts = hosts or [host] * len(tasks)
+  cluster = {}
+  for (kind, _), h, p in zip(tasks, hosts, ports):
+    cluster.setdefault(kind, []).append(f"{h}:{p}")
   return [json.dumps({"cluster": cluster,
-                      "task": {"type": "worker", "index": i}})
-          for i in range(num_workers)]
+                      "task": {"type": kind, "index": i}})
+          for kind, i in tasks]
+
+
+def task_name(kind, index):
+  """How messages name a task: "worker 3", "chief", "ps 0"."""
+  return "chief" if kind == "chief" else f"{kind} {index}"
+
+
+def _prefix(kind, index):
+  # Workers keep their bare index, so a worker-only job reads as before.
+  return {"worker": f"[{index}] ", "chief": "[chief] "}.get(
+      kind, f"[{kind}{index}] ")
 
 
 def _pump(stream, prefix, out):
@@ -145,18 +176,28 @@ class Job:
 
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
-  the Job dies (see _die_with_parent). `worker_preexec` maps a worker's
-  index to a step for its process to run after fork and before exec (e.g.
-  join a cgroup, cpu_limits.CpuLimits.preexec; enter a network namespace,
+  the Job dies (see _die_with_parent). With `num_ps`, the processes are a
+  chief, the workers and the ps tasks (`tasks`, cluster_tasks' order); the
+  workers' and ps tasks' servers never exit by themselves (`servers`), so
+  the job is done when the chief is, and `wait` then stops them. Per-worker
+  settings (`worker_env`) are keyed by worker index and go to the `worker`
+  tasks only. Indices into `procs` (failed, lost, killed, exited) are
+  positions in `tasks`; `name(i)` says which task one is.
+  `task_preexec` maps such a position to a step for that process to run
+  after fork and before exec (e.g. join a cgroup,
+  cpu_limits.CpuLimits.preexec; enter a network namespace,
   worker_netns.WorkerNamespaces.enter); it runs after the parent-death
   signal is set, and must take no lock.
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
-               worker_env=None, out=None, hosts=None, err=None,
-               worker_preexec=None):
+               worker_env=None, out=None, hosts=None, err=None, num_ps=0,
+               task_preexec=None):
     self.command = list(command)
     self.num_workers = num_workers
+    self.tasks = cluster_tasks(num_workers, num_ps)
+    self.servers = {i for i, (kind, _) in enumerate(self.tasks)
+                    if num_ps and kind != "chief"}
     self.procs = []
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
@@ -168,11 +209,14 @@ class Job:
     err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
     die_with_parent = _die_with_parent()
-    for i, config in enumerate(tf_configs(num_workers, host, hosts=hosts)):
+    configs = tf_configs(num_workers, host, hosts=hosts, num_ps=num_ps)
+    for position, ((kind, index), config) in enumerate(
+        zip(self.tasks, configs)):
       penv = dict(os.environ if env is None else env)
       penv["TF_CONFIG"] = config
-      penv.update((worker_env or {}).get(i, {}))
-      preexec = compose(die_with_parent, (worker_preexec or {}).get(i))
+      if kind == "worker":
+        penv.update((worker_env or {}).get(index, {}))
+      preexec = compose(die_with_parent, (task_preexec or {}).get(position))
       # preexec_fn with the pump threads running is safe here: CPython runs
       # it in the forked child holding the GIL, and it takes no lock (prctl
       # is resolved before the fork; getppid, kill, setns and the cgroup
@@ -181,11 +225,16 @@ class Job:
                            stderr=subprocess.PIPE, start_new_session=True,
                            preexec_fn=preexec)  # noqa: PLW1509
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
-        t = threading.Thread(target=_pump, args=(stream, f"[{i}] ", sink),
+        t = threading.Thread(target=_pump,
+                             args=(stream, _prefix(kind, index), sink),
                              daemon=True)
         t.start()
         self._threads.append(t)
       self.procs.append(p)
+
+  def name(self, i):
+    """How messages name process `i`: "worker 3", "chief", "ps 0"."""
+    return task_name(*self.tasks[i])
 
   def wait(self, timeout=None, grace=10.0, poll=0.05, keep_going=False,
            interrupt=None):
@@ -201,6 +250,10 @@ class Job:
     restarted (see `lost_a_peer`). A worker that exits
     with another error code still ends the job, since that is a bug or a
     bad input every worker may share.
+    In a ParameterServerStrategy job (`servers`), the job is done when the
+    chief exits 0: the servers still running then get SIGTERM, SIGKILL
+    after `grace` (listed in `killed`), and failed is None; only worker
+    tasks can be lost.
     Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
     Signals) has received a signal, every worker gets that signal, then
     SIGKILL after `grace`, and failed is "signal"; a further signal cuts
@@ -219,24 +272,28 @@ class Job:
         # then ends the job, to be restarted with the chief (lost_a_peer),
         # whether or not the chief was in that collective.
         died = any(code < 0 for code, _ in self.lost.values())
-        if (keep_going and i > 0 and c is not None and i not in self.lost and
+        if (keep_going and i > 0 and self.tasks[i][0] == "worker" and
+            c is not None and i not in self.lost and
             (c < 0 or (c == PEER_LOST_EXIT_CODE and not died))):
           self.lost[i] = (c, time.monotonic() - t0)
-          print(f"oscars-launch: worker {i} {describe_exit(c)}; the others "
-                "go on without it.", file=sys.stderr)
+          print(f"oscars-launch: {self.name(i)} {describe_exit(c)}; the "
+                "others go on without it.", file=sys.stderr)
       bad = [i for i, c in enumerate(codes)
              if c not in (None, 0) and i not in self.lost]
       if bad:
         failed = bad[0]
         break
-      if all(c == 0 or i in self.lost for i, c in enumerate(codes)):
+      if all(c == 0 or i in self.lost or i in self.servers
+             for i, c in enumerate(codes)):
         break
       if deadline and time.monotonic() > deadline:
         failed = "timeout"
         break
       time.sleep(poll)
     self.exited = {i: c for i, c in enumerate(codes) if c is not None}
-    if failed is not None:
+    if failed is None and self.servers:  # the chief is done: so are they
+      self.stop(grace)
+    elif failed is not None:
       seen = interrupt.count if interrupt is not None else 0
       self.stop(grace, interrupt.received if failed == "signal" else
                 signal.SIGTERM,
