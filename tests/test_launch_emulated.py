@@ -293,7 +293,8 @@ def test_the_namespaces_go_with_the_launcher(emulation, tmp_path, sig):
       start_new_session=True)
   try:
     files = lambda: [p for p in tmp_path.iterdir()  # noqa: E731
-                     if p.name.startswith("1mbit")]
+                     if p.name.startswith("1mbit") and
+                     not p.name.endswith(".tmp")]
     faults.wait_for(lambda: len(files()) == 2, 60, "both workers")
     inodes = {int(p.read_text()) for p in files()}
     assert len(inodes) == 2 and _holders(inodes)

@@ -85,7 +85,8 @@ def network(mode, bandwidth, num_workers, num_ps=0, host_given=False):
   tasks = cluster_tasks(num_workers, num_ps)
   if len(tasks) > worker_netns.MAX_WORKERS:
     raise FlagError(f"--network=emulated: at most "
-                    f"{worker_netns.MAX_WORKERS} tasks")
+                    f"{worker_netns.MAX_WORKERS} "
+                    f"{'tasks (workers, chief, ps)' if num_ps else 'workers'}")
   rates = _rates(bandwidth, num_workers, len(tasks))
   spaces = worker_netns.emulate(len(tasks), rates)
   try:
