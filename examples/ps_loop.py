@@ -157,7 +157,8 @@ def make_dataset(x, y, batch_size, seed, profile, worker):
 
 
 def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
-          profile=None, on_epoch_end=None, on_first_step=None):
+          profile=None, on_epoch_end=None, on_first_step=None,
+          should_stop=None):
   """Trains `model` (built in `strategy`'s scope) asynchronously.
 
   Args:
@@ -168,6 +169,8 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
     on_epoch_end: optional callable(epoch, mean loss), after each epoch's
       steps are done.
     on_first_step: optional callable(), after the job's first step.
+    should_stop: optional callable() -> bool, asked after each epoch (the
+      chief alone decides: the workers only serve).
 
   Returns:
     stats: `steps`, `simulated_s` (lists by worker; after the first step),
@@ -226,6 +229,8 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
     stats["total_steps"] += len(losses)
     if on_epoch_end is not None:
       on_epoch_end(epoch, float(np.mean(losses)))
+    if should_stop is not None and should_stop():
+      break
   return stats
 
 

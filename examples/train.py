@@ -72,6 +72,11 @@ flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
 flags.DEFINE_boolean("nan_on_sigusr1", False, "For fault tests (fit only): "
                      "SIGUSR1 turns this worker's weights NaN at its next "
                      "step, as a diverged worker's would be.")
+flags.DEFINE_float("max_train_seconds", 0.0, "--strategy=parameter_server "
+                   "only (its chief alone decides when training ends): stop "
+                   "after the epoch in which training time passes this; 0: "
+                   "train every epoch. For benchmarks whose asynchronous "
+                   "baseline would take long on slow links.", lower_bound=0)
 FLAGS = flags.FLAGS
 
 
@@ -95,6 +100,15 @@ def _simulation_supported(values):
 def _mwms_needs_custom_loop(values):
   return not (values["strategy"] == "multi_worker_mirrored" and
               values["loop"] == "fit")
+
+
+@flags.multi_flags_validator(
+    ["strategy", "max_train_seconds"],
+    message="--max_train_seconds needs --strategy=parameter_server (only its "
+    "chief decides alone when training ends)")
+def _time_cap_supported(values):
+  return (not values["max_train_seconds"] or
+          values["strategy"] == "parameter_server")
 
 
 @flags.multi_flags_validator(
@@ -257,7 +271,9 @@ def main(argv):
         strategy, model, model.optimizer, x, y, FLAGS.batch_size,
         FLAGS.epochs, seed=FLAGS.seed,
         profile=simulate_lib.StepTimeProfile.parse(simulated_spec or ""),
-        on_epoch_end=after_epoch, on_first_step=start_clock)
+        on_epoch_end=after_epoch, on_first_step=start_clock,
+        should_stop=lambda: (FLAGS.max_train_seconds > 0 and
+                             train_time() >= FLAGS.max_train_seconds))
   elif _uses_custom_loop():
     _, loop_stats = loops.train(
         strategy, model, model.optimizer, x, y, FLAGS.batch_size,

@@ -37,7 +37,9 @@ def _train(*flags, timeout=120):
     ("--epochs=0", ["--epochs", "positive"]),
     ("--learning_rate=-1", ["--learning_rate"]),
     ("--min_period=32", ["--min_period", "--initial_period"]),
-    ("--period_rule=fast", ["--period_rule", "adacomm", "quadratic"]),
+    ("--period_rule=fast", ["--period_rule", "cost", "adacomm"]),
+    ("--max_train_seconds=5", ["--max_train_seconds", "parameter_server"]),
+    ("--max_overhead=1.5", ["--max_overhead"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(flag, timeout=60)
