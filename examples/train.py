@@ -317,6 +317,8 @@ def main(argv):
     result = {
         "strategy": FLAGS.strategy, "dataset": FLAGS.dataset,
         "model": FLAGS.model, "workers": num_workers,
+        # What the averagings sent (bytes_sent in per_worker counts it).
+        "averaging_dtype": getattr(strategy, "averaging_dtype", "float32"),
         "batch_size_per_worker": FLAGS.batch_size,
         "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
         # The saved state this run started from (checkpoint.newest), if any.

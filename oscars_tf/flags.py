@@ -64,6 +64,11 @@ flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
                   "Keep optimizer slots per worker, or average them too.")
 flags.DEFINE_enum("communication", "auto", ["auto", "ring", "nccl"],
                   "Collective implementation for averaging.")
+flags.DEFINE_enum("averaging_dtype", "float32",
+                  ["float32", "bfloat16", "float16"],
+                  "OscarsStrategy: the dtype float32 weights are averaged in "
+                  "(bfloat16/float16: half the bytes, rounded averages; see "
+                  "OscarsStrategy's averaging_dtype).")
 flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
                    "an averaging point before failing.", lower_bound=1e-3)
 flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
@@ -95,6 +100,16 @@ FLAGS = flags.FLAGS
 def _periods_ordered(values):
   return (values["min_period"] <= values["initial_period"] <=
           values["max_period"])
+
+
+@flags.multi_flags_validator(
+    ["strategy", "averaging_dtype"],
+    message="--averaging_dtype applies to OscarsStrategy only (--strategy="
+    "oscars, local_sgd or sync); TensorFlow's strategies average gradients "
+    "in float32")
+def _averaging_dtype_is_oscars(values):
+  return (values["averaging_dtype"] == "float32" or
+          values["strategy"] in ("oscars", "local_sgd", "sync"))
 
 
 def make_schedule(flag_values=FLAGS):
@@ -156,4 +171,4 @@ def make_strategy(flag_values=FLAGS):
       collective_timeout=f.collective_timeout,
       straggler_timeout=f.straggler_timeout,
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
-      logdir=f.logdir)
+      logdir=f.logdir, averaging_dtype=f.averaging_dtype)

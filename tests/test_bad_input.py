@@ -18,6 +18,8 @@ import multiworker
     ({"odd_dtype_worker": 1}, "WorkerMismatchError", "shapes/dtypes"),
     ({"extra_layer_worker": 1}, "WorkerMismatchError", "variable count"),
     ({"odd_schedule_worker": 1}, "WorkerMismatchError", "schedule"),
+    ({"averaging_dtype": [None, "bfloat16"]}, "WorkerMismatchError",
+     "averaging_dtype"),
     ({"empty_data": True}, "ValueError", "no training data"),
 ])
 def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,

@@ -36,6 +36,37 @@ def test_fit_two_workers_converges_to_identical_weights(fit_two_workers):
   assert first["predict_sum"] == pytest.approx(second["predict_sum"], abs=1e-4)
 
 
+def test_bfloat16_averaging_halves_the_bytes_and_keeps_the_accuracy(
+    fit_two_workers):
+  """averaging_dtype="bfloat16" on two hosts (127.0.0.1 and .2: every sync
+  takes the hierarchical path), against the float32 run of the schedule."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  result = multiworker.run(
+      "fit", 2, {"every": 4, "epochs": 4, "averaging_dtype": "bfloat16"},
+      hosts=["127.0.0.1", "127.0.0.2"])
+  first, second = result.outputs
+  reference = fit_two_workers.outputs[0]
+  assert first["weights"] == second["weights"]  # bit-identical
+  assert all(r["global_sync"] for r in first["rounds"])
+
+  def rounded(w):  # the float32 values that are bfloat16 values
+    w = np.asarray(w, np.float32)
+    return w == w.astype(tf.bfloat16.as_numpy_dtype).astype(np.float32)
+  # Training ended with an averaging: every weight came back from bfloat16
+  # (in the float32 run almost none is a bfloat16 value).
+  assert rounded(first["weights"]).all()
+  assert rounded(reference["weights"]).mean() < 0.05
+  # Each averaging sent 2 bytes per weight instead of 4.
+  size = len(first["weights"])
+  for out, width in ((first, 2), (second, 2), (reference, 4)):
+    stats = out["stats"]
+    assert stats["collectives"] > 10
+    assert stats["bytes_sent"] == stats["collectives"] * size * width
+  assert first["test_accuracy"] > 0.85
+  assert abs(first["test_accuracy"] - reference["test_accuracy"]) <= 0.03, (
+      first["test_accuracy"], reference["test_accuracy"])
+
+
 def _expected_sync_steps(total, steps_per_epoch, every):
   """Steps that end a round: `every` after the last one, and epoch ends."""
   syncs, last = [], 0

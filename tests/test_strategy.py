@@ -4,6 +4,7 @@ On one worker, OscarsStrategy must behave like MirroredStrategy over the same
 devices (Keras' own MirroredStrategy tests are the reference for this).
 """
 
+import dataclasses
 
 import keras
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import oscars_tf
+from oscars_tf.distribute import startup
 from oscars_tf.errors import ClusterConfigError
 
 DEVICES = ["CPU:0", "CPU:1"]
@@ -161,10 +163,22 @@ def test_custom_training_loop_counts_steps(oscars):
     ({"devices": ["CPU:0", "CPU:0"]}, ValueError, "twice"),
     ({"devices": ["banana"]}, ValueError, "not a device name"),
     ({"communication": "nccl"}, ValueError, "GPU"),
+    ({"averaging_dtype": "bf16"}, ValueError, "`averaging_dtype`.*bfloat16"),
+    ({"averaging_dtype": tf.float64}, ValueError, "`averaging_dtype`"),
+    ({"averaging_dtype": "int8"}, ValueError, "float16"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, error, match):
   with pytest.raises(error, match=match):
     oscars_tf.OscarsStrategy(**kwargs)
+
+
+@pytest.mark.parametrize("value, name", [
+    (None, "float32"), ("float32", "float32"), (tf.float32, "float32"),
+    ("bfloat16", "bfloat16"), (tf.bfloat16, "bfloat16"),
+    ("float16", "float16")])
+def test_averaging_dtype_is_taken_as_a_name_or_a_dtype(value, name):
+  strategy = oscars_tf.OscarsStrategy(averaging_dtype=value)
+  assert strategy.averaging_dtype == name
 
 
 @pytest.mark.parametrize("config, match", [
@@ -304,3 +318,16 @@ def test_outer_momentum_moves_trainable_weights_only():
     m = 0.9 * m + delta
     start = start - (delta + 0.9 * m)
     np.testing.assert_allclose(w.numpy(), start, rtol=1e-6)
+
+
+def test_the_start_up_check_covers_the_averaging_dtype():
+  """Workers averaging in other dtypes would wait on other instance keys
+  until the timeout: the start-up signature tells them apart."""
+  settings = startup.Settings(oscars_tf.schedules.Fixed(4), "local", "RING",
+                              None, 1)
+  variables = [tf.Variable(tf.ones([3]))]
+  base = startup.signature(variables, settings)
+  for dtype in (tf.bfloat16, tf.float16):
+    other = startup.signature(variables, dataclasses.replace(
+        settings, averaging_dtype=dtype))
+    assert other[:-1] == base[:-1] and other[-1] != base[-1]

@@ -113,6 +113,28 @@ def test_strategy_flags_build_the_schedules_they_name():
     values.unparse_flags()
 
 
+def test_averaging_dtype_flag_reaches_oscars_strategies_only():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
+  values = flags.FLAGS
+  assert oscars_flags.FLAGS is values  # importing it defined the flags
+  try:
+    values(["prog", "--strategy=local_sgd", "--averaging_dtype=bfloat16"])
+    assert values.averaging_dtype == "bfloat16"
+    values.unparse_flags()
+    values(["prog"])
+    assert values.averaging_dtype == "float32"
+    values.unparse_flags()
+    with pytest.raises(flags.IllegalFlagValueError, match="bfloat16"):
+      values(["prog", "--averaging_dtype=int8"])
+    values.unparse_flags()
+    with pytest.raises(flags.IllegalFlagValueError,
+                       match="OscarsStrategy only"):
+      values(["prog", "--strategy=mirrored", "--averaging_dtype=float16"])
+  finally:
+    values.unparse_flags()
+
+
 def _launch_train(tmp_path, name, *flags, workers=2, timeout=240):
   result = tmp_path / f"{name}.json"
   codes, failed, log = multiworker.run_command(

@@ -37,12 +37,19 @@ def _setup(params):
       optimizer_state=params.get("optimizer_state", "local"),
       simulate_step_time=params.get("simulate", ""),
       outer_optimizer=(oscars_tf.schedules.OuterMomentum(**params["outer"])
-                       if "outer" in params else None))
+                       if "outer" in params else None),
+      averaging_dtype=_averaging_dtype(params))
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.
   keras.utils.set_random_seed(params.get("seed", 0) + strategy.worker_index)
   return strategy
+
+
+def _averaging_dtype(params):
+  """params["averaging_dtype"]: one for all workers, or a list by worker."""
+  value = params.get("averaging_dtype")
+  return value[_task_index()] if isinstance(value, list) else value
 
 
 def _task_index():

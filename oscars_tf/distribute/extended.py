@@ -21,6 +21,7 @@ import contextlib
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
@@ -62,7 +63,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def __init__(self, container, info, devices, schedule, optimizer_state,
                communication, collective_timeout, local_replicas="mirrored",
-               simulate=None, outer_optimizer=None, straggler_timeout=60.0):
+               simulate=None, outer_optimizer=None, straggler_timeout=60.0,
+               averaging_dtype=None):
     self._cluster = info
     self._roles_resolver = None  # multi_worker_roles: built when asked for
     self._outer = outer_lib.OuterStates(outer_optimizer)
@@ -81,6 +83,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     per_group_nccl = communication == "auto" and device_type == "GPU"
     averaging_device = (local_devices[0] if self._communication == "NCCL" or
                         per_group_nccl else self._host)
+    self._averaging_dtype, fallback = averaging.wire_dtype(
+        averaging_dtype, averaging_device != self._host)
+    if fallback:
+      logging.warning("oscars_tf: %s", fallback)
     self._averager = averaging.GroupAverager(
         group_size=info.num_workers,
         group_key=group_keys.GROUP_KEY_BASE,  # the whole cluster
@@ -98,7 +104,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self.round_logs = summaries.RoundLogging(info, self._book)
     self._rounds = rounds_lib.Rounds(
         self._book, self._host, averaging_device, self._communication,
-        collective_timeout, per_group_nccl=per_group_nccl)
+        collective_timeout, per_group_nccl=per_group_nccl,
+        averaging_dtype=self._averaging_dtype)
     self._agreements = agreement.Agreements(
         store, info.worker_index, straggler_timeout, collective_timeout,
         is_gone=is_gone) if info.is_multi_worker else None
@@ -249,7 +256,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             self._averager, self._cluster, self._collective_or_timeout)
         handshake.check_workers_agree(variables, startup.Settings(
             self._schedule, self._optimizer_state, self._communication,
-            self._outer.optimizer, self._book.step_quantum))
+            self._outer.optimizer, self._book.step_quantum,
+            self._averaging_dtype))
         handshake.broadcast_from_chief(
             replicas.read_values(variables, self._local_sgd),
             lambda values: replicas.write_values(variables, values))
@@ -310,6 +318,12 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   @property
   def schedule(self):
     return self._schedule
+
+  @property
+  def averaging_dtype(self):
+    """The dtype float weights are averaged in: None (their own), or
+    tf.bfloat16 / tf.float16 (after the GPU fallback, see averaging)."""
+    return self._averaging_dtype
 
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see

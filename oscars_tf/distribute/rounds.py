@@ -30,19 +30,21 @@ class Rounds:
   the bookkeeping is its `book`."""
 
   def __init__(self, book, host_device, averaging_device, communication,
-               timeout, per_group_nccl=False):
+               timeout, per_group_nccl=False, averaging_dtype=None):
     self.book = book
     self._per_group = per_group_nccl  # "auto" on GPUs: NCCL for a group on
                                       # one host, ring across hosts
+    self._averaging_dtype = averaging_dtype  # None: each tensor's own
     self._hierarchical = averaging.HierarchicalAverager(
         averaging_device, "NCCL" if per_group_nccl else communication,
-        timeout)
+        timeout, averaging_dtype)
     global_key = group_keys.GROUP_KEY_BASE
     self._group_averager = (
         averaging.PerGroupAverager(book.n, global_key, averaging_device,
-                                   timeout) if per_group_nccl else
+                                   timeout, averaging_dtype)
+        if per_group_nccl else
         averaging.GroupAverager(book.n, global_key, averaging_device,
-                                communication, timeout))
+                                communication, timeout, averaging_dtype))
     with tf.device(host_device), tf.init_scope():
       k, scale = book.my_steps(book.plan, 0)
       self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -128,14 +130,16 @@ class Rounds:
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
-      sent = averaging.packed_bytes(values)
+      sent = averaging.packed_bytes(values, self._averaging_dtype)
 
-      def group_sum(tensors, w, role="model"):
+      def group_sum(tensors, w, role="model", exact=False):
         if self._per_group:
           return self._group_averager.weighted_sum(
-              tensors, w, group_size, group_key, part.nccl, role=role)
+              tensors, w, group_size, group_key, part.nccl, role=role,
+              exact=exact)
         return self._group_averager.weighted_sum(
-            tensors, w, role=role, group_size=group_size, group_key=group_key)
+            tensors, w, role=role, group_size=group_size, group_key=group_key,
+            exact=exact)
 
       def together():
         return group_sum(values, weight)
@@ -178,10 +182,12 @@ class Rounds:
 
 def _share(variables, weight, group_sum):
   """Assigns the group's weighted sum of `variables`: the holders' values
-  (a weight of 0 sends zeros: a non-finite value times 0 is NaN)."""
+  (a weight of 0 sends zeros: a non-finite value times 0 is NaN). Sent in
+  full precision whatever the averaging dtype: the holders' state must come
+  back unchanged."""
   mine = [tf.where(weight > 0, v, tf.zeros_like(v)) for v in variables]
-  return tf.group([v.assign(a) for v, a in
-                   zip(variables, group_sum(mine, weight, "shared"))])
+  return tf.group([v.assign(a) for v, a in zip(
+      variables, group_sum(mine, weight, "shared", exact=True))])
 
 
 def _relative_distance(values, averaged):

@@ -25,12 +25,14 @@ class Settings:
   communication: str          # "RING" or "NCCL"
   outer_optimizer: object     # None or has fingerprint()
   steps_per_execution: int
+  averaging_dtype: object = None  # None or the tf.DType averagings send
 
 
 # Names of signature()'s numbers, in order, for the error message.
 _SIGNATURE_NAMES = ("variable count", "element count", "shapes/dtypes",
                     "schedule", "optimizer_state", "communication",
-                    "outer_optimizer", "steps_per_execution")
+                    "outer_optimizer", "steps_per_execution",
+                    "averaging_dtype")
 
 
 def signature(variables, settings):
@@ -45,7 +47,11 @@ def signature(variables, settings):
           ("RING", "NCCL").index(settings.communication),
           (settings.outer_optimizer.fingerprint()
            if settings.outer_optimizer else 0),
-          settings.steps_per_execution]
+          settings.steps_per_execution,
+          # Another dtype means other instance keys: a hang until the
+          # timeout, so it is checked here.
+          (settings.averaging_dtype.as_datatype_enum
+           if settings.averaging_dtype is not None else 0)]
 
 
 class Handshake:

@@ -74,6 +74,23 @@ class OscarsStrategy(tf.distribute.Strategy):
       others take the plain average). A rejoining worker takes the others'
       outer state; `checkpoint.save(..., strategy=)` saves it (see
       `outer_state`).
+    averaging_dtype: None or "float32" (default: each variable is averaged
+      in its own dtype), "bfloat16" or "float16" (or the `tf.DType`):
+      float32 and float64 weights are sent in it, halving the bytes of
+      every averaging. Each worker weights its values in float32, casts
+      them down, the collective sums them in the averaging dtype, and the
+      sum is cast back to the variable's dtype; every member still gets
+      bit-identical values. The price is precision: each contribution and
+      each partial sum is rounded to bfloat16's 8 significant bits
+      (relative error 2**-9, about 0.2%, per rounding; float16: 11 bits,
+      2**-12, but values beyond 65504 overflow), so a weight's change
+      smaller than that between two averagings can be lost. The
+      full weights are sent, not their change since the last average
+      (members need not share the last average: groups, rejoins).
+      16-bit variables, integer variables, the initial broadcast and the
+      outer optimizer's state are sent as they are. On GPUs (NCCL)
+      TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
+      with a warning.
     simulate_step_time: SIMULATED heterogeneity for tests and benchmarks, a
       spec such as "20ms*1,1,2,4" (see `oscars_tf.simulate`); default the
       `OSCARS_SIMULATE_STEP_TIME` environment variable (oscars-launch
@@ -96,7 +113,7 @@ class OscarsStrategy(tf.distribute.Strategy):
                optimizer_state="local", communication="auto",
                collective_timeout=300.0, local_replicas="mirrored",
                simulate_step_time=None, outer_optimizer=None, logdir=None,
-               straggler_timeout=None):
+               straggler_timeout=None, averaging_dtype=None):
     schedule = schedules_lib.Adaptive() if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
@@ -129,6 +146,7 @@ class OscarsStrategy(tf.distribute.Strategy):
       raise ValueError("`straggler_timeout` must be a number of seconds > 0 "
                        "and at most `collective_timeout` "
                        f"({collective_timeout!r}), got {straggler_timeout!r}.")
+    averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
     if simulate_step_time is None:
       simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
     profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
@@ -143,7 +161,7 @@ class OscarsStrategy(tf.distribute.Strategy):
         collective_timeout, local_replicas,
         simulate=profile if profile.active else None,
         outer_optimizer=outer_optimizer,
-        straggler_timeout=straggler_timeout))
+        straggler_timeout=straggler_timeout, averaging_dtype=averaging_dtype))
     if cluster_resolver is not None:  # handed back as given, as MWMS does
       self.extended.cluster_resolver = cluster_resolver
     if logdir:
@@ -153,9 +171,9 @@ class OscarsStrategy(tf.distribute.Strategy):
         logging.warning("oscars_tf: %s", line)
     for hook in CREATION_HOOKS:
       hook()
-    logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r",
-                 info.worker_index, info.num_workers,
-                 self.extended.worker_devices, schedule)
+    logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r, "
+                 "averaging in %s", info.worker_index, info.num_workers,
+                 self.extended.worker_devices, schedule, self.averaging_dtype)
 
   @property
   def cluster(self):
@@ -193,6 +211,13 @@ class OscarsStrategy(tf.distribute.Strategy):
   @property
   def schedule(self):
     return self.extended.schedule
+
+  @property
+  def averaging_dtype(self):
+    """The dtype float32 weights are averaged in, as a name: "float32"
+    (their own), "bfloat16" or "float16" (also after the GPU fallback)."""
+    dtype = self.extended.averaging_dtype
+    return "float32" if dtype is None else dtype.name
 
   def track(self, model, optimizer=None):
     """Names what a custom training loop averages (Keras fit does it itself).

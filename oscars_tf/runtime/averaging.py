@@ -5,6 +5,15 @@ One call packs the tensors of a dtype into one flat buffer and runs one
 timeout, so a model of any number of variables costs one collective per sync.
 Every member receives the same reduced buffer, so right after a sync all
 members hold bit-identical values.
+
+With an averaging dtype (bfloat16 or float16) the float32 and float64
+tensors are sent in it: each member weights its values in their own dtype,
+casts the products down, the collective sums them in the averaging dtype,
+and the sum is cast back. Half the bytes of float32; the cost is precision
+(see `OscarsStrategy`'s `averaging_dtype`). The full weights are sent, not
+their change since the last average: members of one group need not hold
+the same last average (groups, rejoined and poisoned workers), and the
+result must be the same on every member.
 """
 
 import contextlib
@@ -18,6 +27,12 @@ from oscars_tf.runtime import fault_injection
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
+# What `averaging_dtype` may be; "float32" (or None) sends each tensor in its
+# own dtype.
+AVERAGING_DTYPES = ("float32", "bfloat16", "float16")
+# Dtypes NCCL takes in TensorFlow 2.21 (NcclManager's kValidDataTypes:
+# half, float, double, int32, int64): no bfloat16.
+_NCCL_DTYPES = frozenset({"float16", "float32", "float64", "int32", "int64"})
 
 # Instance keys per role; each role gets a disjoint range of keys.
 INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "across": 5 << 27,
@@ -70,17 +85,65 @@ def choose_communication(requested, device_types, hosts):
   return "NCCL" if all_gpu and len(set(hosts)) == 1 else "RING"
 
 
+def averaging_dtype_of(value):
+  """The dtype averagings are sent in: None (each tensor's own), bfloat16 or
+  float16.
+
+  Args:
+    value: None, "float32", "bfloat16", "float16", or one of those as a
+      `tf.DType`.
+
+  Raises:
+    ValueError: for anything else, naming `averaging_dtype` and the allowed
+      values.
+  """
+  name = value.name if isinstance(value, tf.DType) else value
+  if value is not None and name not in AVERAGING_DTYPES:
+    raise ValueError(f"`averaging_dtype` must be None or one of "
+                     f"{AVERAGING_DTYPES} (a string or tf.DType), got "
+                     f"{value!r}.")
+  return None if name in (None, "float32") else tf.as_dtype(name)
+
+
+def wire_dtype(averaging_dtype, on_gpu):
+  """(the dtype actually sent, a warning or None) for a worker whose
+  averaging device is a GPU (`on_gpu`: NCCL, or "auto" on GPUs) or not.
+
+  TensorFlow 2.21's NCCL collectives refuse bfloat16 ("expected data types
+  compatible with NCCL"), so on a GPU bfloat16 falls back to float16: the
+  same bytes, 3 more mantissa bits, range up to 65504 only.
+  """
+  if averaging_dtype is None or not on_gpu or (
+      averaging_dtype.name in _NCCL_DTYPES):
+    return averaging_dtype, None
+  return tf.float16, (
+      f"averaging_dtype={averaging_dtype.name!r}: TensorFlow's NCCL "
+      "collectives do not take it (half, float, double, int32 and int64 "
+      "only); averaging in float16 instead (same bytes, 11 significant "
+      "bits; a weight beyond 65504 would overflow to inf on every member).")
+
+
+def sent_dtype(dtype, averaging_dtype):
+  """The dtype a tensor of `dtype` is sent in: the averaging dtype for
+  float32 and float64 tensors, else its own (16-bit floats, integers)."""
+  dtype = tf.as_dtype(dtype)
+  if averaging_dtype is not None and dtype in (tf.float32, tf.float64):
+    return tf.as_dtype(averaging_dtype)
+  return dtype
+
+
 # What a collective raises when a peer died, stalled or aborted.
 PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
                tf.errors.CancelledError, tf.errors.AbortedError)
 
 
-def _packs(tensors):
-  """Indices of float tensors grouped by dtype, in a fixed order."""
+def _packs(tensors, averaging_dtype=None):
+  """(dtype sent, indices of the tensors sent in it), in a fixed order."""
   by_dtype = {}
   for i, t in enumerate(tensors):
-    by_dtype.setdefault(t.dtype.name, []).append(i)
-  return [by_dtype[k] for k in sorted(by_dtype)]
+    by_dtype.setdefault(sent_dtype(t.dtype, averaging_dtype).name,
+                        []).append(i)
+  return [(tf.as_dtype(k), by_dtype[k]) for k in sorted(by_dtype)]
 
 
 class GroupAverager:
@@ -97,9 +160,13 @@ class GroupAverager:
     communication: "RING" or "NCCL" (see `choose_communication`).
     timeout: seconds a member waits for the others before the collective
       fails with DeadlineExceeded; never 0, so nothing hangs.
+    averaging_dtype: None (each tensor in its own dtype), tf.bfloat16 or
+      tf.float16 (float32 and float64 tensors are sent in it; see
+      `sent_dtype`). Every member must use the same.
   """
 
-  def __init__(self, group_size, group_key, device, communication, timeout):
+  def __init__(self, group_size, group_key, device, communication, timeout,
+               averaging_dtype=None):
     if timeout <= 0:
       raise ValueError(f"collective timeout must be > 0 s, got {timeout!r}.")
     self.group_size = group_size
@@ -107,6 +174,7 @@ class GroupAverager:
     self.device = device
     self.communication = communication
     self.timeout = float(timeout)
+    self.averaging_dtype = averaging_dtype
 
   def _reduce(self, flat, instance_key, merge_op="Add", group_size=None,
               group_key=None):
@@ -119,21 +187,29 @@ class GroupAverager:
           communication_hint=self.communication, timeout=self.timeout)
 
   def weighted_sum(self, tensors, weight, role="model", group_size=None,
-                   group_key=None):
-    """Returns `sum over members of weight * tensors` (same structure).
+                   group_key=None, exact=False):
+    """Returns `sum over members of weight * tensors` (same structure, same
+    dtypes).
 
     `group_size` and `group_key` may be tensors, overriding the averager's
     own, so one op serves whichever group a plan puts this member in.
+    `exact`: send every tensor in its own dtype, whatever the averaging
+    dtype (state that must stay as it is, such as the outer optimizer's).
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
     previous = fault_injection.before_collective()  # [] outside tests
-    for pack_index, indices in enumerate(_packs(tensors)):
+    packs = _packs(tensors, None if exact else self.averaging_dtype)
+    for pack_index, (dtype, indices) in enumerate(packs):
       assert pack_index < _MAX_PACKS
-      dtype = tensors[indices[0]].dtype
       with tf.device(self.device):
-        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], 0)
-        flat = flat * tf.cast(weight, dtype)
+        # Weighted in each tensor's own dtype, then cast: a weight is not
+        # rounded (0.3 in bfloat16 is 0.30078, and the weights would no
+        # longer sum to 1), only the products are.
+        flat = tf.concat([
+            tf.cast(tf.reshape(tensors[i], [-1]) *
+                    tf.cast(weight, tensors[i].dtype), dtype)
+            for i in indices], 0)
       # Collectives in one function are ordered explicitly: without an
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
@@ -143,8 +219,10 @@ class GroupAverager:
             group_size=group_size, group_key=group_key)
       previous = [reduced]
       sizes = [int(np.prod(tensors[i].shape)) for i in indices]
-      for i, part in zip(indices, tf.split(reduced, sizes)):
-        out[i] = tf.reshape(part, tensors[i].shape)
+      with tf.device(self.device):
+        for i, part in zip(indices, tf.split(reduced, sizes)):
+          out[i] = tf.cast(tf.reshape(part, tensors[i].shape),
+                           tensors[i].dtype)
     return out
 
   def min_max(self, vector, role="check"):
@@ -165,16 +243,19 @@ class PerGroupAverager:
   choice is a tensor (`use_nccl`), so both ops are built and one runs.
   """
 
-  def __init__(self, group_size, group_key, device, timeout):
-    self.nccl = GroupAverager(group_size, group_key, device, "NCCL", timeout)
-    self.ring = GroupAverager(group_size, group_key, device, "RING", timeout)
+  def __init__(self, group_size, group_key, device, timeout,
+               averaging_dtype=None):
+    self.nccl = GroupAverager(group_size, group_key, device, "NCCL", timeout,
+                              averaging_dtype)
+    self.ring = GroupAverager(group_size, group_key, device, "RING", timeout,
+                              averaging_dtype)
 
   def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl,
-                   role="model"):
+                   role="model", exact=False):
     def run(averager):
       return lambda: averager.weighted_sum(tensors, weight, role=role,
                                            group_size=group_size,
-                                           group_key=group_key)
+                                           group_key=group_key, exact=exact)
     return tf.cond(use_nccl, run(self.nccl), run(self.ring))
 
 
@@ -185,12 +266,17 @@ class HierarchicalAverager:
   2. One leader per host sums `host_share * host_average` with the other
      leaders over gRPC ring: only one member per host crosses the network.
   3. Each leader broadcasts the result to its host's members.
-  Group keys, sizes and weights are tensors taken from the plan.
+  Group keys, sizes and weights are tensors taken from the plan. With an
+  averaging dtype all three steps send it: steps 1 and 2 each round (the
+  host average is rounded, then the global one), step 3 loses nothing (the
+  leader's values came out of step 2, so they are exact in that dtype).
   """
 
-  def __init__(self, device, intra_communication, timeout):
-    self.intra = GroupAverager(2, 0, device, intra_communication, timeout)
-    self.cross = GroupAverager(2, 0, device, "RING", timeout)
+  def __init__(self, device, intra_communication, timeout,
+               averaging_dtype=None):
+    self.intra = GroupAverager(2, 0, device, intra_communication, timeout,
+                               averaging_dtype)
+    self.cross = GroupAverager(2, 0, device, "RING", timeout, averaging_dtype)
 
   def weighted_sum(self, tensors, p):
     """`p`: tensors host_key, host_size, weight_in_host, is_leader,
@@ -215,9 +301,11 @@ class HierarchicalAverager:
     return within(crossed, tf.where(p.is_leader, 1.0, 0.0), "back")
 
 
-def packed_bytes(tensors):
-  """Bytes of the tensors one member contributes to an averaging."""
-  return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
+def packed_bytes(tensors, averaging_dtype=None):
+  """Bytes of the tensors one member contributes to an averaging, in the
+  dtypes they are sent in (see `sent_dtype`)."""
+  return sum(int(np.prod(t.shape)) *
+             sent_dtype(t.dtype, averaging_dtype).size for t in tensors)
 
 
 @contextlib.contextmanager
