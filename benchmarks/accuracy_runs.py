@@ -103,3 +103,57 @@ def median_and_range(values):
   if not xs:
     return None, None, None
   return statistics.median(xs), min(xs), max(xs)
+
+
+def pyplot():
+  """matplotlib's pyplot (Agg), or None with a line saying how to get it."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    print("no figure: matplotlib is not installed "
+          "(pip install 'oscars_tf[benchmarks]')")
+    return None
+  return plt
+
+
+def plot_accuracy(ax, rows, target, title):
+  """Each row's accuracy curve against training time, the target dotted."""
+  for r in rows:
+    t, a = zip(*r["curve"]) if r["curve"] else ((), ())
+    ax.plot(t, a, marker="o", markersize=3, label=r["strategy"])
+  ax.axhline(target, color="grey", linestyle=":")
+  ax.set_title(title)
+  ax.set_xlabel("training time (s)")
+  ax.set_ylabel("test accuracy")
+  ax.legend(fontsize=7)
+
+
+def plot_per_worker(ax, rows, key, label, scale=1.0):
+  """Bars of each row's per-worker `key` (values times `scale`), grouped by
+  worker."""
+  width = 0.8 / max(len(rows), 1)
+  for i, r in enumerate(rows):
+    values = [v * scale for v in r[key]]
+    ax.bar([w + i * width for w in range(len(values))], values, width,
+           label=r["strategy"])
+  n = len(rows[0][key]) if rows else 0
+  ax.set_xticks([w + 0.4 - width / 2 for w in range(n)])
+  ax.set_xticklabels([str(w) for w in range(n)])
+  ax.set_xlabel("worker")
+  ax.set_ylabel(label)
+
+
+def save_figure(plt, fig, path, dpi):
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  plt.close(fig)
+  return path
+
+
+def quick_defaults(flag_values, defaults):
+  """--quick: `defaults` ((name, value) pairs) for the flags not given."""
+  for name, value in defaults:
+    if not flag_values[name].present:
+      flag_values[name].value = value

@@ -223,13 +223,8 @@ def print_table(rows, overhead, goal_rows):
 
 
 def plot(rows, path):
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("no figure: matplotlib is not installed "
-          "(pip install 'oscars_tf[benchmarks]')")
+  plt = accuracy_runs.pyplot()
+  if plt is None:
     return None
   profiles = [p for p in PROFILES if any(r["profile"] == p for r in rows)]
   fig, axes = plt.subplots(2, len(profiles), figsize=(5 * len(profiles), 7),
@@ -237,41 +232,21 @@ def plot(rows, path):
   for col, profile in enumerate(profiles):
     chosen = [r for r in rows if r["profile"] == profile and
               r.get("chosen", True)]
-    ax = axes[0][col]
-    for r in chosen:
-      t, a = zip(*r["curve"]) if r["curve"] else ((), ())
-      ax.plot(t, a, marker="o", label=r["strategy"])
-    ax.axhline(FLAGS.target_accuracy, color="grey", linestyle=":")
-    ax.set_title(f"{profile} (SIMULATED)")
-    ax.set_xlabel("training time (s)")
-    ax.set_ylabel("test accuracy")
-    ax.legend()
-    ax = axes[1][col]
-    width = 0.8 / max(len(chosen), 1)
-    for i, r in enumerate(chosen):
-      xs = [w + i * width for w in range(len(r["utilization"]))]
-      ax.bar(xs, r["utilization"], width, label=r["strategy"])
-    n = len(chosen[0]["utilization"]) if chosen else 0
-    ax.set_xticks([w + 0.4 - width / 2 for w in range(n)])
-    ax.set_xticklabels([str(w) for w in range(n)])
-    ax.set_xlabel("worker")
-    ax.set_ylabel("utilization (compute share)")
-    ax.set_ylim(0, 1)
+    accuracy_runs.plot_accuracy(axes[0][col], chosen, FLAGS.target_accuracy,
+                                f"{profile} (SIMULATED)")
+    accuracy_runs.plot_per_worker(axes[1][col], chosen, "utilization",
+                                  "utilization (compute share)")
+    axes[1][col].set_ylim(0, 1)
   fig.suptitle(f"SIMULATED heterogeneity: {FLAGS.num_workers} workers, "
                f"{FLAGS.model} on {FLAGS.dataset}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return accuracy_runs.save_figure(plt, fig, path, dpi=80)
 
 
 def main(argv):
   del argv
   if FLAGS.quick:
-    for name, value in (("profiles", ["hetero"]), ("periods", ["8"]),
-                        ("epochs", 4)):
-      if not FLAGS[name].present:
-        FLAGS[name].value = value
+    accuracy_runs.quick_defaults(FLAGS, (
+        ("profiles", ["hetero"]), ("periods", ["8"]), ("epochs", 4)))
   bad = sorted(set(FLAGS.profiles) - set(PROFILES)) + sorted(
       set(FLAGS.strategies) - set(STRATEGIES))
   if bad:

@@ -228,13 +228,8 @@ def print_table(rows, goal_rows):
 
 
 def plot(rows, path):
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("no figure: matplotlib is not installed "
-          "(pip install 'oscars_tf[benchmarks]')")
+  plt = accuracy_runs.pyplot()
+  if plt is None:
     return None
   profiles = [p for p in PROFILES if any(r["profile"] == p for r in rows)]
   fig, axes = plt.subplots(3, len(profiles), squeeze=False,
@@ -242,41 +237,23 @@ def plot(rows, path):
   for col, profile in enumerate(profiles):
     chosen = [r for r in rows if r["profile"] == profile and r["chosen"]
               and r["repeat"] == 0]
-    ax = axes[0][col]
-    for r in chosen:
-      t, a = zip(*r["curve"]) if r["curve"] else ((), ())
-      ax.plot(t, a, marker="o", markersize=3, label=r["strategy"])
-    ax.axhline(FLAGS.target_accuracy, color="grey", linestyle=":")
-    ax.set_title(f"{profile} (EMULATED)")
-    ax.set_xlabel("training time (s)")
-    ax.set_ylabel("test accuracy")
-    ax.legend(fontsize=7)
-    width = 0.8 / max(len(chosen), 1)
-    for row, key, label in ((1, "utilization", "utilization"),
-                            (2, "bytes_sent", "MB sent")):
-      ax = axes[row][col]
-      for i, r in enumerate(chosen):
-        values = [v / 1e6 if key == "bytes_sent" else v for v in r[key]]
-        ax.bar([w + i * width for w in range(len(values))], values, width,
-               label=r["strategy"])
-      ax.set_xlabel("worker")
-      ax.set_ylabel(label)
+    accuracy_runs.plot_accuracy(axes[0][col], chosen, FLAGS.target_accuracy,
+                                f"{profile} (EMULATED)")
+    accuracy_runs.plot_per_worker(axes[1][col], chosen, "utilization",
+                                  "utilization (est.)")
+    accuracy_runs.plot_per_worker(axes[2][col], chosen, "bytes_sent",
+                                  "MB sent", scale=1e-6)
   fig.suptitle(f"EMULATED: {FLAGS.num_workers} workers, {FLAGS.model} on "
                f"digits (repeat 0)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=70)
-  plt.close(fig)
-  return path
+  return accuracy_runs.save_figure(plt, fig, path, dpi=70)
 
 
 def main(argv):
   del argv
   if FLAGS.quick:
-    for name, value in (("profiles", ["cpu_uneven"]), ("periods", ["8"]),
-                        ("strategies", ["sync_tf", "local_sgd", "oscars"]),
-                        ("epochs", 4)):
-      if not FLAGS[name].present:
-        FLAGS[name].value = value
+    accuracy_runs.quick_defaults(FLAGS, (
+        ("profiles", ["cpu_uneven"]), ("periods", ["8"]),
+        ("strategies", ["sync_tf", "local_sgd", "oscars"]), ("epochs", 4)))
   bad = sorted(set(FLAGS.profiles) - set(PROFILES)) + sorted(
       set(FLAGS.strategies) - set(STRATEGIES))
   if bad:
