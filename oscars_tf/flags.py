@@ -40,9 +40,9 @@ flags.DEFINE_integer("period", 8, "local_sgd: local steps between averagings.",
 flags.DEFINE_integer("warmup_steps", 0, "local_sgd: average after each of the "
                      "first this many steps.", lower_bound=0)
 flags.DEFINE_enum("period_rule", "cost", PERIOD_RULES,
-                  "oscars: how the averaging period adapts (cost: as often "
-                  "as the measured cost of averaging allows, see "
-                  "--max_overhead).")
+                  "oscars: how the averaging period adapts (cost: "
+                  "adacomm's period, never shorter than the measured cost "
+                  "of averaging allows, see --max_overhead).")
 flags.DEFINE_float("max_overhead", 0.1, "oscars, --period_rule=cost: the "
                    "share of each round averaging may take.",
                    lower_bound=1e-3, upper_bound=0.999)

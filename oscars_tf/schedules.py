@@ -128,32 +128,35 @@ class AdaComm:
 
 
 class CostAware:
-  """Averages as often as the averaging's measured cost allows.
+  """Never averages more often than the averaging's measured cost allows.
 
-  Each round's time budget T is kept just long enough that the averaging
-  point at its end takes at most `max_overhead` of the round:
-  c / (T + c) <= max_overhead, so T = c * (1 - max_overhead) / max_overhead
-  and the period is T times the fastest worker's rate. c is what the last
-  worker to arrive at the previous averaging point spent there (it waited
-  for no one: the exchange and the collective only), smoothed over rounds.
-  Cheap averaging (an even cluster on a fast network) gives short periods,
-  down to every step, so local SGD loses nothing to synchronous training;
-  expensive averaging (slow links, a large model) gives long ones, so the
-  links do not set the pace. The period is bounded by
+  The period is the larger of two: what a `base` rule asks for the
+  model's sake (AdaComm() by default: long early, shorter as the loss
+  falls), and the shortest round whose averaging point takes at most
+  `max_overhead` of it: c / (T + c) <= max_overhead, so
+  T = c * (1 - max_overhead) / max_overhead, times the fastest worker's
+  rate. c is what the last worker to arrive at the previous averaging
+  point spent there (it waited for no one: the exchange and the collective
+  only), smoothed over rounds. Cheap averaging (an even cluster on a fast
+  network) leaves the base rule free, down to every step with base=None;
+  expensive averaging (slow links, a large model) stretches the rounds so
+  the links do not set the pace. The period is bounded by
   `Adaptive.min_period` / `max_period` like every rule's.
 
-  Local SGD's error-runtime trade-off (Wang & Joshi, SysML 2019) in its
-  simplest form: the period is set from what a step and an averaging cost,
-  as measured each round, not from a tuned constant.
+  Local SGD's error-runtime trade-off (Wang & Joshi, SysML 2019): the
+  period weighs what a step and an averaging cost, as measured each round,
+  instead of a constant tuned for one cluster.
 
   Args:
-    max_overhead: 0.1, the share of each round the averaging may take, in
+    max_overhead: 0.1, the share of each round averaging may take, in
       (0, 1).
     smoothing: 0.5, weight of the newest measurement in the running cost,
       in (0, 1].
+    base: AdaComm() (default), another rule, or None (the cost alone).
   """
 
-  def __init__(self, max_overhead: float = 0.1, smoothing: float = 0.5):
+  def __init__(self, max_overhead: float = 0.1, smoothing: float = 0.5,
+               base="AdaComm"):
     self.max_overhead = _positive_float("max_overhead", max_overhead,
                                         "CostAware")
     self.smoothing = _positive_float("smoothing", smoothing, "CostAware")
@@ -161,25 +164,48 @@ class CostAware:
       raise ValueError("CostAware: need 0 < max_overhead < 1 and 0 < "
                        f"smoothing <= 1, got max_overhead={max_overhead!r}, "
                        f"smoothing={smoothing!r}.")
+    self.base = AdaComm() if base == "AdaComm" else base
+    if self.base is not None and (not hasattr(self.base, "update") or
+                                  isinstance(self.base, CostAware)):
+      raise TypeError("CostAware: `base` must be None or a period rule "
+                      "(AdaComm(), QuadraticSync(), DivergenceBand(), "
+                      f"Constant()), got {base!r}.")
 
   def update(self, state, table, config):
-    del config
+    if self.base is not None:
+      # The base rule runs on its own period, not on the cost-raised one
+      # (a rule that scales the last period would otherwise ratchet up).
+      own = state.base_period if math.isfinite(state.base_period) else (
+          state.period)
+      state = self.base.update(dataclasses.replace(state, period=own),
+                               table, config)
+      state = dataclasses.replace(state, base_period=state.period)
+    floor, cost = self.cost_floor(state, table)
+    if floor is None:
+      return state
+    return dataclasses.replace(
+        state, period=float(max(state.period if self.base else 1, floor)),
+        sync_cost=cost)
+
+  def cost_floor(self, state, table):
+    """(the shortest period the cost allows, the smoothed cost), or
+    (None, None) before both a cost and a rate are measured."""
     costs = [e.sync_cost for e in table.entries
              if math.isfinite(e.sync_cost) and e.sync_cost > 0]
     rates = [e.rate for e in table.entries
              if math.isfinite(e.rate) and e.rate > 0]
     if not costs or not rates:
-      return state
+      return None, None
     cost = min(costs)  # the last to arrive: no wait for others in it
     if math.isfinite(state.sync_cost):
       cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
     budget = cost * (1 - self.max_overhead) / self.max_overhead
-    period = max(1.0, math.ceil(budget * max(rates)))
-    return dataclasses.replace(state, period=float(period), sync_cost=cost)
+    return max(1.0, math.ceil(budget * max(rates))), cost
 
   def config(self):
     return {"rule": "CostAware", "max_overhead": self.max_overhead,
-            "smoothing": self.smoothing}
+            "smoothing": self.smoothing,
+            "base": None if self.base is None else self.base.config()}
 
 
 class QuadraticSync:
@@ -258,9 +284,10 @@ class Adaptive(Schedule):
   rounds (adapted to the measured divergence). See planner.plan.
 
   Args (defaults work without tuning):
-    period_rule: CostAware() (default: as often as the measured cost of
-      averaging allows), AdaComm(), QuadraticSync(), DivergenceBand() or
-      Constant(): how the period (steps of the fastest worker) changes.
+    period_rule: CostAware() (default: AdaComm's period, never shorter than
+      the measured cost of averaging allows), AdaComm(), QuadraticSync(),
+      DivergenceBand() or Constant(): how the period (steps of the fastest
+      worker) changes.
     initial_period: 16, the period before the rule has data.
     min_period / max_period: 1 / 256, bounds of the period. (With a rule
       that does not weigh the averaging's cost, a floor of about 8 keeps

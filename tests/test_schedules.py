@@ -112,7 +112,7 @@ def _cost_table(costs, rates):
 
 
 def test_cost_aware_keeps_averaging_under_its_share_of_the_round():
-  rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0)
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0, base=None)
   state = records.PlannerState(period=16, global_every=4)
   # 10 ms to average, fastest 20 steps/s (50 ms steps): T >= 90 ms, 2 steps.
   cheap = rule.update(state, _cost_table([0.01, 0.01], [20.0, 20.0]), None)
@@ -126,7 +126,7 @@ def test_cost_aware_keeps_averaging_under_its_share_of_the_round():
 
 
 def test_cost_aware_takes_the_last_arrival_and_smooths():
-  rule = schedules.CostAware(max_overhead=0.5, smoothing=0.5)
+  rule = schedules.CostAware(max_overhead=0.5, smoothing=0.5, base=None)
   state = records.PlannerState(period=16, global_every=4)
   # The early worker also waited 0.9 s for the late one: not averaging cost.
   state = rule.update(state, _cost_table([1.0, 0.1], [10.0, 10.0]), None)
@@ -137,7 +137,7 @@ def test_cost_aware_takes_the_last_arrival_and_smooths():
 
 
 def test_cost_aware_without_measurements_keeps_the_period():
-  rule = schedules.CostAware()
+  rule = schedules.CostAware(base=None)
   state = records.PlannerState(period=16, global_every=4)
   nan = float("nan")
   assert rule.update(state, _cost_table([nan, nan], [5.0, 5.0]), None) == (
@@ -154,16 +154,60 @@ def test_cost_aware_rejects_bad_arguments(kwargs):
     schedules.CostAware(**kwargs)
 
 
+def _cost_loss_table(cost, loss, rate=20.0, n=4):
+  entries = tuple(records.TableEntry(rate=rate, round=3, sync_cost=cost,
+                                     loss=loss) for _ in range(n))
+  return records.StepRateTable(entries, ("h",) * n)
+
+
+def test_cost_aware_takes_the_longer_of_adacomm_and_the_cost_floor():
+  config = schedules.Adaptive(initial_period=16)
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0)
+  state = records.PlannerState(period=16, global_every=4)
+  state = rule.update(state, _cost_loss_table(0.005, 4.0), config)
+  assert state.period == 16  # AdaComm's start; the cost allows 1
+  state = rule.update(state, _cost_loss_table(0.005, 1.0), config)
+  assert state.period == 8  # AdaComm: 16 * sqrt(1 / 4)
+  state = rule.update(state, _cost_loss_table(1.0, 1.0), config)
+  assert state.period == 180  # the cost: 9 s of 20 steps/s
+  state = rule.update(state, _cost_loss_table(0.005, 1.0), config)
+  assert state.period == 8  # cheap again: AdaComm's, not a ratchet
+
+
+def test_cost_aware_keeps_a_scaling_base_rule_on_its_own_period():
+  band = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0, base=band)
+  state = records.PlannerState(period=16, global_every=4)
+  drifting = records.StepRateTable(
+      (records.TableEntry(rate=20.0, round=3, sync_cost=1.0,
+                          divergence=0.5),) * 2, ("h", "h"))
+  state = rule.update(state, drifting, None)
+  assert state.period == 180 and state.base_period == 8
+  state = rule.update(state, drifting, None)
+  assert state.base_period == 4  # halved from its own 8, not from 180
+
+
+def test_cost_aware_rejects_a_bad_base():
+  with pytest.raises(TypeError, match="base"):
+    schedules.CostAware(base="adacomm")
+  with pytest.raises(TypeError, match="base"):
+    schedules.CostAware(base=schedules.CostAware())
+
+
 def test_the_default_period_follows_the_averaging_cost():
-  """Adaptive(): short rounds where averaging is cheap, long where not."""
+  """Adaptive(): AdaComm's rounds where averaging is cheap, long where not."""
   schedule = schedules.Adaptive()
   assert isinstance(schedule.period_rule, schedules.CostAware)
+  assert isinstance(schedule.period_rule.base, schedules.AdaComm)
   first = schedule.plan(_cost_table([float("nan")] * 4, [20.0] * 4), 1)
   cheap = schedule.plan(_cost_table([0.005] * 4, [20.0] * 4), 2, first.state)
   costly = schedule.plan(_cost_table([2.0] * 4, [20.0] * 4), 2, first.state)
-  assert cheap.local_steps == (1,) * 4
-  assert costly.local_steps == (256,) * 4  # max_period
   assert first.local_steps == (16,) * 4
+  assert cheap.local_steps == (16,) * 4  # no loss yet: AdaComm's start
+  assert costly.local_steps == (256,) * 4  # the cost, up to max_period
+  alone = schedules.Adaptive(period_rule=schedules.CostAware(base=None))
+  assert alone.plan(_cost_table([0.005] * 4, [20.0] * 4), 2,
+                    first.state).local_steps == (1,) * 4
 
 
 def test_a_row_without_a_sync_cost_reads_as_unmeasured():

@@ -73,6 +73,7 @@ class PlannerState:
   groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
   previous_global: bool = False  # the round before the last was global
   sync_cost: float = math.nan  # smoothed seconds an averaging point costs
+  base_period: float = math.nan  # CostAware's base rule's own period
 
 
 @dataclasses.dataclass(frozen=True)
