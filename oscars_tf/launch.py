@@ -139,8 +139,10 @@ def define_flags(flag_values=FLAGS):
                       "filter (tc tbf) on each end of the link limits both "
                       "what the worker sends and what it receives, so "
                       "traffic between two workers flows at the lower of "
-                      "their rates. Passed to each worker as "
-                      "OSCARS_BANDWIDTH. Empty: links not shaped.", **fv)
+                      "their rates. With --num_ps, the chief and ps tasks "
+                      "get links at the fastest worker's rate. Passed to "
+                      "each worker as OSCARS_BANDWIDTH. Empty: links not "
+                      "shaped.", **fv)
   flags.DEFINE_string("simulate_step_time", "",
                       "SIMULATED heterogeneity: a per-worker delay added to "
                       "each training step, e.g. '20ms*1,1,2,4' or "
