@@ -49,6 +49,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from oscars_tf.tools import cpu_limits
+
 
 def serve_unless_chief():
   """Worker and ps tasks: run this task's server forever. The chief returns.
@@ -67,6 +69,8 @@ def serve_unless_chief():
                                 task_index=resolver.task_id,
                                 protocol=resolver.rpc_layer or "grpc",
                                 start=True)
+  if kind == "worker":  # oscars-launch --cpu_limit_from=ready
+    cpu_limits.apply_pending()
   server.join()
 
 
@@ -169,8 +173,9 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
     on_epoch_end: optional callable(epoch, mean loss), after each epoch's
       steps are done.
     on_first_step: optional callable(), after the job's first step.
-    should_stop: optional callable() -> bool, asked after each epoch (the
-      chief alone decides: the workers only serve).
+    should_stop: optional callable() -> bool, asked before each step is
+      scheduled (the chief alone decides: the workers only serve); a stop
+      mid-epoch ends that epoch early, with `on_epoch_end` for its steps.
 
   Returns:
     stats: `steps`, `simulated_s` (lists by worker; after the first step),
@@ -209,6 +214,9 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
   stats = {"steps": [0] * n, "simulated_s": [0.0] * n, "total_steps": 0,
            "started": [], "segments": []}
   cluster_steps = math.ceil(len(x) / batch_size)
+  # Steps queued at once: enough to keep every worker busy, few enough that
+  # a stop takes effect within a few steps per worker.
+  in_flight = 4 * n
   for epoch in range(epochs):
     losses = []
     if epoch == 0:  # the first step traces: start-up, not training
@@ -217,8 +225,14 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
       if on_first_step is not None:
         on_first_step()
     began = time.time()
-    scheduled = [coordinator.schedule(step, args=(iterator,))
-                 for _ in range(cluster_steps - len(losses))]
+    scheduled, stopping = [], False
+    for _ in range(cluster_steps - len(losses)):
+      stopping = should_stop is not None and should_stop()
+      if stopping:  # mid-epoch: this partial epoch is the last
+        break
+      scheduled.append(coordinator.schedule(step, args=(iterator,)))
+      if len(scheduled) > in_flight:  # bounds the overshoot past a stop
+        scheduled[-in_flight - 1].fetch()
     coordinator.join()
     stats["segments"].append((began, time.time()))
     for loss, worker, delay, started_at in [r.fetch() for r in scheduled]:
@@ -227,9 +241,9 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs, seed=0,
       stats["simulated_s"][worker] += float(delay)
       stats["started"].append((int(worker), float(started_at), float(delay)))
     stats["total_steps"] += len(losses)
-    if on_epoch_end is not None:
+    if on_epoch_end is not None and losses:
       on_epoch_end(epoch, float(np.mean(losses)))
-    if should_stop is not None and should_stop():
+    if stopping or (should_stop is not None and should_stop()):
       break
   return stats
 

@@ -37,6 +37,7 @@ from absl import logging
 from oscars_tf import checkpoint
 from oscars_tf import data
 from oscars_tf import flags as oscars_flags
+from oscars_tf.tools import cpu_limits
 
 import models  # examples/models.py; imports Keras only when building
 
@@ -74,8 +75,9 @@ flags.DEFINE_boolean("nan_on_sigusr1", False, "For fault tests (fit only): "
                      "step, as a diverged worker's would be.")
 flags.DEFINE_float("max_train_seconds", 0.0, "--strategy=parameter_server "
                    "only (its chief alone decides when training ends): stop "
-                   "after the epoch in which training time passes this; 0: "
-                   "train every epoch. For benchmarks whose asynchronous "
+                   "once training time passes this, mid-epoch (the steps "
+                   "already queued finish, a few per worker); 0: train "
+                   "every epoch. For benchmarks whose asynchronous "
                    "baseline would take long on slow links.", lower_bound=0)
 FLAGS = flags.FLAGS
 
@@ -251,6 +253,12 @@ def main(argv):
                                                time.monotonic() - start)
     logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
 
+  # oscars-launch --cpu_limit_from=ready: start-up is done; the quota holds
+  # from here on, before anything is timed.
+  try:
+    cpu_limits.apply_pending()
+  except cpu_limits.CpuLimitError as e:
+    sys.exit(f"train.py: {e}")
   replicas = 1 if ps else loops.local_replicas(strategy)
   real_step_s = loops.local_step_time(
       ps_loop.local_copy(model) if ps else model, x, y,

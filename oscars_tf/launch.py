@@ -54,7 +54,7 @@ SECTIONS = (
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host", "bandwidth")),
-    ("emulation", ("simulate_step_time", "cpu_limit")),
+    ("emulation", ("simulate_step_time", "cpu_limit", "cpu_limit_from")),
 )
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
 # TensorFlow's C++ runtime logs a dozen INFO and WARNING lines per worker at
@@ -157,6 +157,15 @@ def define_flags(flag_values=FLAGS):
                       "= 0.5). Needs Linux, a cgroup cpu controller (v1 or "
                       "v2) and root. Passed to each worker as "
                       "OSCARS_CPU_LIMIT.", **fv)
+  flags.DEFINE_enum("cpu_limit_from", "start", ["start", "ready"],
+                    "When --cpu_limit applies. start: from the worker's "
+                    "first instruction, as Kubernetes does. ready: once the "
+                    "worker calls oscars_tf.tools.cpu_limits.apply_pending() "
+                    "(examples/train.py does after joining the cluster), "
+                    "like a start-up CPU boost: TensorFlow's start-up takes "
+                    "seconds instead of minutes under small limits. The "
+                    "launcher warns about a worker that never applied it.",
+                    **fv)
 
 
 def help_text(flag_values=FLAGS):
@@ -246,7 +255,8 @@ def _run(command):
   # Every attempt's workers join the same cgroups and namespaces, removed
   # at the end.
   with Signals() as signals, emulation.cpu_quotas(
-      FLAGS.cpu_limit, FLAGS.num_workers) as limits, emulation.network(
+      FLAGS.cpu_limit, FLAGS.num_workers,
+      FLAGS.cpu_limit_from == "ready") as limits, emulation.network(
           FLAGS.network, FLAGS.bandwidth, FLAGS.num_workers, FLAGS.num_ps,
           FLAGS["host"].present) as spaces:
     while True:

@@ -9,7 +9,6 @@ so elsewhere.
 
 import json
 import os
-import pathlib
 import re
 import shutil
 import signal
@@ -21,43 +20,15 @@ import pytest
 
 from oscars_tf.tools import cpu_limits
 
+import fake_cgroups  # tests/fake_cgroups.py
+
 LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
 
 
-def _real_base():
-  """The real cpu hierarchy's top, or skip saying why there is none."""
-  try:
-    return cpu_limits.CpuLimits([1], root=cpu_limits.DEFAULT_ROOT).detect()[1]
-  except cpu_limits.CpuLimitError as e:
-    pytest.skip(f"no usable cgroups here: {e}")
-
-
-def _fake_v1(root):
-  (root / "cpu").mkdir(parents=True)
-  for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us", "cgroup.procs"):
-    (root / "cpu" / name).write_text("")
-  return root / "cpu"
-
-
-def _fake_v2(root, controllers="cpuset cpu io memory pids"):
-  root.mkdir(parents=True, exist_ok=True)
-  (root / "cgroup.controllers").write_text(controllers + "\n")
-  (root / "cgroup.subtree_control").write_text("")
-  (root / "cgroup.procs").write_text("")
-  return root
-
-
-@pytest.fixture
-def fake_rmdir(monkeypatch):
-  # A cgroup directory holds only control files, and rmdir removes it with
-  # them; in a plain directory the files must go first.
-  def rmdir(path):
-    for f in pathlib.Path(path).iterdir():
-      if f.is_dir():
-        raise OSError(39, "Directory not empty", str(path))
-      f.unlink()
-    os.rmdir(path)
-  monkeypatch.setattr(cpu_limits, "_rmdir", rmdir)
+_real_base = fake_cgroups.real_base
+_fake_v1 = fake_cgroups.fake_v1
+_fake_v2 = fake_cgroups.fake_v2
+fake_rmdir = fake_cgroups.fake_rmdir
 
 
 def _ours(base):

@@ -239,6 +239,26 @@ def test_parameter_server_baseline_under_the_launcher(tmp_path):
   assert r["simulated_step_time"] == "10ms*1,4"
 
 
+def test_parameter_server_stops_mid_epoch_at_max_train_seconds(tmp_path):
+  # 45 steps an epoch at 20 + 5 steps/s (SIMULATED 50 ms, 200 ms): about
+  # 1.8 s each; a 0.5 s cap stops the first epoch part-way.
+  result = tmp_path / "ps.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
+       "--num_ps=1", "--grace_seconds=3", "--timeout=400",
+       "--simulate_step_time=50ms*1,4", "--", sys.executable, TRAIN,
+       "--strategy=parameter_server", "--epochs=3", "--dataset=digits",
+       "--model=mlp", "--max_train_seconds=0.5", f"--result_json={result}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=460, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  r = json.loads(result.read_text())
+  assert [c["epoch"] for c in r["curve"]] == [1], r["curve"]
+  assert 1 < r["optimizer_step"] < 45, r["optimizer_step"]
+  # Past the cap by at most the steps queued then (4 per worker).
+  assert 0.5 <= r["curve"][0]["train_time_s"] < 0.5 + 8 * 0.2 + 1.0, r
+
+
 def test_parameter_server_outside_its_cluster_says_how_to_launch_it():
   proc = _train("--strategy=parameter_server", timeout=120)
   assert proc.returncode != 0

@@ -27,6 +27,7 @@ Imports no TensorFlow.
 """
 
 import errno
+import json
 import math
 import os
 import pathlib
@@ -40,6 +41,8 @@ MIN_LIMIT = 0.01  # the kernel refuses quotas under 1 ms
 ROOT_ENV = "OSCARS_CGROUP_ROOT"  # where cgroup file systems are mounted
 DEFAULT_ROOT = "/sys/fs/cgroup"
 ENV = "OSCARS_CPU_LIMIT"  # each worker's limit, for its records
+# --cpu_limit_from=ready: where and what the worker writes once ready.
+PENDING_ENV = "OSCARS_CPU_LIMIT_PENDING"
 _PARENT = re.compile(r"^oscars-(\d+)-[0-9a-f]+$")
 
 
@@ -79,6 +82,29 @@ def parse(text, num_workers):
   return limits
 
 
+def apply_pending(environ=None):
+  """Applies this worker's deferred CPU limit (oscars-launch
+  --cpu_limit_from=ready); call it once start-up is done. Returns the limit
+  in CPUs, or None where none is pending. Idempotent.
+
+  Raises CpuLimitError where the quota cannot be written: the worker would
+  otherwise run unlimited while reporting a limit.
+  """
+  environ = os.environ if environ is None else environ
+  pending = environ.pop(PENDING_ENV, None)
+  if not pending:
+    return None
+  spec = json.loads(pending)
+  try:
+    _write(spec["file"], spec["text"])
+  except OSError as e:
+    raise CpuLimitError(f"cannot apply the CPU limit: {spec['file']}: "
+                        f"{e.strerror or e}") from None
+  print(f"oscars_tf: EMULATED CPU limit of {spec['limit']:g} CPU applied "
+        f"(worker ready, pid {os.getpid()})", file=sys.stderr, flush=True)
+  return float(spec["limit"])
+
+
 def quota_us(limit, period_us=PERIOD_US):
   """The CFS quota, in microseconds per period, of `limit` CPUs."""
   return int(round(limit * period_us))
@@ -116,10 +142,15 @@ class CpuLimits:
     root: where the cgroup file systems are mounted; default
       $OSCARS_CGROUP_ROOT or /sys/fs/cgroup (tests point it at a fake).
     period_us: the CFS period.
+    deferred: start every cgroup unlimited; each worker applies its quota
+      itself once ready (`apply_pending`), like Kubernetes' start-up CPU
+      boost: TensorFlow's import and cluster start-up then take seconds,
+      not minutes, under the smallest limits.
   """
 
-  def __init__(self, limits, root=None, period_us=PERIOD_US):
+  def __init__(self, limits, root=None, period_us=PERIOD_US, deferred=False):
     self.limits = list(limits)
+    self.deferred = deferred
     self.root = pathlib.Path(root or os.environ.get(ROOT_ENV) or
                              DEFAULT_ROOT)
     self.period_us = period_us
@@ -193,18 +224,50 @@ class CpuLimits:
         os.mkdir(path)
         self.dirs.append(path)
         step = "set the CPU quota of"
-        quota = quota_us(limit, self.period_us)
-        if self.version == 2:
-          _write(path / "cpu.max", f"{quota} {self.period_us}")
-        else:
+        if self.version == 1:
           _write(path / "cpu.cfs_period_us", str(self.period_us))
-          _write(path / "cpu.cfs_quota_us", str(quota))
+        _write(self.quota_file(i), self._quota_text(i, applied=False))
     except OSError as e:
       where = e.filename or parent
       self.remove()
       raise CpuLimitError(f"cannot {step} cgroup v{self.version} {where}: "
                           f"{e.strerror or e}") from None
     return self
+
+  def quota_file(self, i):
+    return self.dirs[i] / ("cpu.max" if self.version == 2 else
+                           "cpu.cfs_quota_us")
+
+  def _quota_text(self, i, applied=True):
+    """What worker i's quota file holds: its quota, or (deferred and not
+    yet `applied`) no limit."""
+    if self.deferred and not applied:
+      quota = "max" if self.version == 2 else "-1"
+    else:
+      quota = str(quota_us(self.limits[i], self.period_us))
+    return f"{quota} {self.period_us}" if self.version == 2 else quota
+
+  def rearm(self):
+    """Deferred: every worker unlimited again until it is ready (a new
+    attempt of the job reuses the cgroups)."""
+    if self.deferred:
+      for i in range(len(self.dirs)):
+        _write(self.quota_file(i), self._quota_text(i, applied=False))
+
+  def unapplied(self):
+    """Deferred: the workers whose quota was never applied (they ran
+    unlimited)."""
+    if not self.deferred:
+      return []
+    unlimited = self._quota_text(0, applied=False).split()[0]
+    out = []
+    for i in range(len(self.dirs)):
+      try:
+        if _read(self.quota_file(i)).split()[0] == unlimited:
+          out.append(i)
+      except OSError:
+        pass
+    return out
 
   @staticmethod
   def _enable_cpu(path):
@@ -229,13 +292,22 @@ class CpuLimits:
       quota = quota_us(limit, self.period_us)
       how = (f"cpu.max={quota} {self.period_us}" if self.version == 2 else
              f"cpu.cfs_quota_us={quota}")
+      when = (", from when the worker is ready (cpu_limits.apply_pending); "
+              "unlimited during start-up" if self.deferred else "")
       lines.append(f"EMULATED CPU limit: worker {i} gets {limit:g} CPU "
-                   f"(cgroup v{self.version} {how})")
+                   f"(cgroup v{self.version} {how}{when})")
     return lines
 
   def worker_env(self):
-    """{worker: {ENV: its limit}}, for the workers' environments."""
-    return {i: {ENV: f"{limit:g}"} for i, limit in enumerate(self.limits)}
+    """{worker: {ENV: its limit}}, for the workers' environments; deferred,
+    also PENDING_ENV: the quota file and what to write there."""
+    env = {i: {ENV: f"{limit:g}"} for i, limit in enumerate(self.limits)}
+    if self.deferred:
+      for i in env:
+        env[i][PENDING_ENV] = json.dumps(
+            {"file": str(self.quota_file(i)), "text": self._quota_text(i),
+             "limit": self.limits[i]})
+    return env
 
   def preexec(self, i):
     """A Popen preexec_fn that moves the forked child into worker i's cgroup.

@@ -26,25 +26,33 @@ def _say(line):
 
 
 @contextlib.contextmanager
-def cpu_quotas(cpu_limit, num_workers):
+def cpu_quotas(cpu_limit, num_workers, from_ready=False):
   """--cpu_limit's cgroups while the jobs run; None without the flag.
+  `from_ready` (--cpu_limit_from=ready): each worker applies its quota once
+  ready (cpu_limits.apply_pending).
 
   Raises FlagError for a bad value, cpu_limits.CpuLimitError where the
   machine allows no quotas.
   """
   if not cpu_limit:
+    if from_ready:
+      raise FlagError("--cpu_limit_from=ready: needs --cpu_limit")
     yield None
     return
   try:
     values = cpu_limits.parse(cpu_limit, num_workers)
   except ValueError as e:
     raise FlagError(f"--cpu_limit: {e}") from None
-  limits = cpu_limits.CpuLimits(values).create()
+  limits = cpu_limits.CpuLimits(values, deferred=from_ready).create()
   try:
     for line in limits.describe():
       _say(line)
     yield limits
   finally:
+    for i in limits.unapplied():
+      _say(f"WARNING: worker {i} never applied its CPU limit (it ran "
+           "unlimited): --cpu_limit_from=ready needs the program to call "
+           "oscars_tf.tools.cpu_limits.apply_pending() once ready")
     for path in limits.remove():
       _say(f"WARNING: could not remove cgroup {path}")
 
@@ -114,6 +122,8 @@ def job_arguments(num_workers, num_ps, spaces, limits):
   environments, and each process's pre-exec steps (its cgroup first, then
   its namespace). Quotas apply to worker tasks only."""
   tasks = cluster_tasks(num_workers, num_ps)
+  if limits:
+    limits.rearm()  # a restarted job's workers start unlimited again
   env = {i: {} for i in range(num_workers)}
   for i, rate in spaces.get("bandwidth", {}).items():
     env[i][BANDWIDTH_ENV] = rate
