@@ -69,6 +69,17 @@ def _align(steps, tag, fill=np.nan):
   return out
 
 
+def _first_per_round(rounds, values, smallest=False):
+  """(sorted unique rounds, the first value logged for each; with
+  `smallest` the smallest)."""
+  order = np.argsort(rounds, kind="stable")
+  rounds, values = rounds[order], values[order]
+  first = np.flatnonzero(np.r_[True, rounds[1:] != rounds[:-1]])
+  if rounds.size and smallest:
+    return rounds[first], np.minimum.reduceat(values, first)
+  return rounds[first], values[first]
+
+
 @dataclasses.dataclass
 class WorkerRounds:
   """One worker's rounds, sorted by round; times in absolute seconds until
@@ -182,13 +193,11 @@ class JobData:
       self._round_start = self._round_end = np.zeros(0)
       return
     rounds = np.concatenate([w.rounds for w in self.workers])
-    starts = np.concatenate([w.start for w in self.workers])
-    ends = np.concatenate([w.end for w in self.workers])
-    self._rounds, inverse = np.unique(rounds, return_inverse=True)
-    self._round_start = np.full(self._rounds.size, np.inf)
-    self._round_end = np.full(self._rounds.size, np.inf)
-    np.minimum.at(self._round_start, inverse, starts)
-    np.minimum.at(self._round_end, inverse, ends)
+    self._rounds = np.unique(rounds)
+    self._round_start = _first_per_round(
+        rounds, np.concatenate([w.start for w in self.workers]), True)[1]
+    self._round_end = _first_per_round(
+        rounds, np.concatenate([w.end for w in self.workers]), True)[1]
 
   def round_times(self, rounds):
     """(start, end) of `rounds` over the cluster (NaN where none logged)."""
@@ -218,24 +227,24 @@ class JobData:
   def _cluster_events(self):
     """Period changes, global syncs and epoch ends, from every worker's
     flags (a worker out of some rounds still reports the others)."""
-    flagged = {"global_sync": set(), "epoch_end": set()}
-    period, epoch = {}, {}
-    for w in self.workers:
-      for kind, rounds in flagged.items():
-        values = w.series.get(kind)
-        if values is not None:
-          rounds.update(w.rounds[values > 0].tolist())
-      for name, into in (("period", period), ("epoch", epoch)):
-        values = w.series.get(name)
-        if values is not None:
-          for r, v in zip(w.rounds.tolist(), values.tolist()):
-            if v == v:
-              into.setdefault(r, v)
+    flagged, first = {}, {}
+    for kind in ("global_sync", "epoch_end", "period", "epoch"):
+      having = [w for w in self.workers if kind in w.series]
+      if not having:
+        flagged[kind], first[kind] = [], {}
+        continue
+      rounds = np.concatenate([w.rounds for w in having])
+      values = np.concatenate([w.series[kind] for w in having])
+      ok = ~np.isnan(values)
+      known, value = _first_per_round(rounds[ok], values[ok])
+      flagged[kind] = known[value > 0].tolist()
+      first[kind] = dict(zip(known.tolist(), value.tolist()))
+    period, epoch = first["period"], first["epoch"]
     events = []
-    rounds = sorted(flagged["global_sync"])
+    rounds = flagged["global_sync"]
     for r, t in zip(rounds, self.round_times(rounds)[1].tolist()):
       events.append(Event("global_sync", r, t, None))
-    rounds = sorted(flagged["epoch_end"])
+    rounds = flagged["epoch_end"]
     for r, t in zip(rounds, self.round_times(rounds)[1].tolist()):
       events.append(Event("epoch_end", r, t, None, epoch.get(r, np.nan)))
     known = sorted(period)

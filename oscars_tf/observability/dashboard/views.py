@@ -13,7 +13,9 @@ plain JSON-able dicts. A view never sends more than its screen can show:
   with a count).
 * `charts`: per-round series over wall time (step rate, `T`, period,
   divergence, loss, the cluster's compute share), averaged per pixel
-  column where a line has more points than columns.
+  column where a line has more points than columns; past `MAX_LINES`
+  workers a per-worker series becomes three lines over the workers
+  (lowest, median, highest per column).
 * `summary`: per-worker totals for the table, and a job's headline numbers
   for comparing jobs.
 """
@@ -26,6 +28,7 @@ from oscars_tf.observability.dashboard import job_data as job_data_lib
 
 MAX_SEGMENTS = 3000   # worker-rounds drawn one by one (3 rects each)
 MAX_EVENTS = 400      # event marks drawn one by one
+MAX_LINES = 16        # per-worker lines in a chart; beyond, a band
 NO_GROUP = 0xFFFF     # a binned column with no round under its middle
 STRAGGLER_RATIO = 0.5  # flagged below half the median rate (display only)
 
@@ -57,7 +60,8 @@ def _covered(starts, durations, edges):
 def bin_worker(w, edges):
   """One worker's row in `len(edges) - 1` columns: (shares (3, width) of
   each column's time in compute / wait / communicate, group (width,))."""
-  order = np.argsort(w.start, kind="stable")
+  order = (slice(None) if np.all(w.start[1:] >= w.start[:-1])
+           else np.argsort(w.start, kind="stable"))  # (a resumed run)
   start, compute = w.start[order], w.compute[order]
   wait, comm = w.wait[order], w.comm[order]
   span = np.diff(edges)
@@ -139,19 +143,44 @@ def _json_number(x):
   return None if x != x else float(x)
 
 
+def _columns(x, y, t0, t1, width):
+  """Mean x and y of the points in each pixel column (NaN: none)."""
+  ok = ~np.isnan(y) & (x >= t0) & (x <= t1)
+  x, y = x[ok], y[ok]
+  column = np.minimum(((x - t0) / (t1 - t0) * width).astype(np.int64),
+                      width - 1)
+  count = np.bincount(column, minlength=width).astype(float)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return (np.bincount(column, x, width) / count,
+            np.bincount(column, y, width) / count)
+
+
+def _points(x, y):
+  ok = ~np.isnan(y)
+  return np.round(np.stack([x[ok], y[ok]], axis=1), 6).tolist()
+
+
 def _line(x, y, t0, t1, width):
   """Points of one line in the window, averaged per pixel column when the
   line has more points than columns."""
   ok = ~np.isnan(y) & (x >= t0) & (x <= t1)
-  x, y = x[ok], y[ok]
-  if x.size > width:
-    column = np.minimum(((x - t0) / (t1 - t0) * width).astype(np.int64),
-                        width - 1)
-    count = np.bincount(column, minlength=width)
-    used = count > 0
-    x = (np.bincount(column, x, width)[used] / count[used])
-    y = (np.bincount(column, y, width)[used] / count[used])
-  return np.round(np.stack([x, y], axis=1), 6).tolist()
+  if ok.sum() > width:
+    return _points(*_columns(x, y, t0, t1, width))
+  return _points(x[ok], y[ok])
+
+
+def _band(workers, name, t0, t1, width):
+  """Lowest, median and highest worker per pixel column."""
+  cells = np.full((len(workers), width), np.nan)
+  for i, w in enumerate(workers):
+    cells[i] = _columns(w.end, w.series[name], t0, t1, width)[1]
+  x = t0 + (np.arange(width) + 0.5) * (t1 - t0) / width
+  used = ~np.isnan(cells).all(axis=0)
+  cells, x = cells[:, used], x[used]
+  return [{"worker": None, "label": label, "points": _points(x, f(cells,
+                                                                   axis=0))}
+          for label, f in (("highest", np.nanmax), ("median", np.nanmedian),
+                           ("lowest", np.nanmin))]
 
 
 CHARTS = (  # (id, title, per worker or cluster-wide)
@@ -193,6 +222,9 @@ def charts(job, t0=None, t1=None, width=600):
       lines.append({"worker": None, "points": _line(x, y, t0, t1, width)})
     else:
       having = [w for w in job.workers if name in w.series]
+      if scope == "worker" and len(having) > MAX_LINES:
+        lines = _band(having, name, t0, t1, width)
+        having = []
       # T and the period are the plan's: the same on every member.
       for w in having[:1] if scope == "cluster" else having:
         lines.append({"worker": None if scope == "cluster" else w.worker,
