@@ -35,7 +35,8 @@ export function renderCharts(views, jobs, opts) {
           el('figcaption', {}, `${name}${views.length > 1 ?
             ` — ${jobs[k].name}` : ''}`),
           lineChart(chart, {width, height: 150, t0: opts.t0, t1: opts.t1,
-                            lo, hi, workers: opts.workerCounts[k]})));
+                            lo, hi, workers: opts.workerCounts[k],
+                            job: jobs[k].id})));
     });
   }
   return grid;
@@ -49,8 +50,8 @@ function lineChart(chart, o) {
   const points = chart.lines.reduce((a, l) => a + l.points.length, 0);
   const root = svg('svg', {class: 'oscars-chart', width: o.width,
                            height: o.height, dataset: {
-                             chart: chart.id, lines: chart.lines.length,
-                             points}});
+                             chart: chart.id, job: o.job,
+                             lines: chart.lines.length, points}});
   const axis = svg('g', {class: 'axis'});
   for (const t of ticks(o.t0, o.t1, Math.max(2, Math.round(plotW / 90)))) {
     axis.append(svg('line', {x1: x(t), x2: x(t), y1: PAD.top,

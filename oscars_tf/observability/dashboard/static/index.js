@@ -61,6 +61,7 @@ const state = {jobs: [], selected: [], view: 'timeline', window: null,
                colourBy: 'phase', durations: {}};
 let content;
 let shown = 0;  // the latest render wins
+let renders = 0;  // finished renders (data-renders: tests wait on it)
 let pending = null;
 
 function query(job, extra = {}) {
@@ -180,6 +181,7 @@ async function show() {
     if (mine !== shown) return;
     content.replaceChildren(...parts.filter((p) => p));
     content.dataset.state = 'ready';
+    content.dataset.renders = String(++renders);
   } catch (e) {
     if (mine !== shown) return;
     content.replaceChildren(el('p', {className: 'error'}, String(e)));

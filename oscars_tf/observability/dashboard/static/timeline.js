@@ -68,7 +68,8 @@ export function renderTimeline(view, opts) {
   const root = svg('svg', {
     class: 'oscars-timeline', width: opts.width, height,
     dataset: {mode: view.mode, workers: n, rounds: view.rounds,
-              segments: view.segments, events: view.events.length}});
+              segments: view.segments, events: view.events.length,
+              t0, t1}});
   const wrap = el('div', {className: 'timeline-wrap',
                           style: `height:${height}px`});
 

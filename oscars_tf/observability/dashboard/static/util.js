@@ -42,9 +42,10 @@ export function rgb(c) {
 }
 
 // A group's colour, keyed by its lowest member: stable across rounds and
-// distinct for neighbours (golden-angle hues).
+// distinct for neighbours (golden-angle hues from blue, away from the
+// phases' red for waits).
 export function groupRgb(group) {
-  const h = (group * 137.508) % 360;
+  const h = (210 + group * 137.508) % 360;
   const s = 0.6;
   const l = 0.5;
   const f = (n) => {
