@@ -163,3 +163,16 @@ def test_400_workers_by_10000_rounds_stay_small_and_quick():
   assert all(len(line["points"]) <= 600 for c in charts["charts"]
              for line in c["lines"])
   assert binned < 30 and rest < 30
+
+
+def test_the_dashboard_imports_no_tensorflow():
+  """TensorBoard loads the plugin in its own process: it must not pay for
+  (or need) TensorFlow."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import sys; import oscars_tf.observability.dashboard.plugin; "
+          "print(sorted(m for m in ('tensorflow', 'keras') "
+          "if m in sys.modules))")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=120, check=True)
+  assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
