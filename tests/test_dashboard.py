@@ -90,9 +90,19 @@ def test_charts_follow_the_window_and_band_many_workers():
   assert [c[0] for c in views.CHARTS] == list(by_id)
   assert [line["worker"] for line in by_id["rate"]["lines"]] == [0, 1, 2]
   assert len(by_id["rate"]["lines"][0]["points"]) == 100
+  assert by_id["rate"]["lines"][0]["breaks"] == []
   assert len(by_id["time_budget"]["lines"]) == 1
   util = by_id["utilization"]["lines"][0]["points"]
   assert len(util) == 100 and all(0 < v <= 1 for _, v in util)
+  # Worker 1 of the synthetic job is out of rounds 11-19: its line breaks.
+  gappy = dashboard_helpers.synthetic_job(2, 40)
+  w = gappy.workers[1]
+  keep = (w.rounds <= 10) | (w.rounds >= 20)
+  for field in ("rounds", "start", "compute", "wait", "comm", "group"):
+    setattr(w, field, getattr(w, field)[keep])
+  w.series = {k: v[keep] for k, v in w.series.items()}
+  rate = views.charts(gappy, width=1000)["charts"][0]
+  assert [line["breaks"] for line in rate["lines"]] == [[], [11]]
   many = views.charts(dashboard_helpers.synthetic_job(40, 500), width=50)
   rate = next(c for c in many["charts"] if c["id"] == "rate")
   assert [line["label"] for line in rate["lines"]] == [
@@ -125,6 +135,21 @@ def test_job_data_from_tensorboard_points():
   np.testing.assert_allclose(w.compute, [1.0, 2.0])
   assert [(e.kind, e.round, e.worker) for e in job.events] == [
       ("period", 1, None), ("poisoned", 1, 1), ("epoch_end", 1, None)]
+
+
+def test_rounds_without_since_arrival_are_placed_by_their_write_time():
+  """Logs from before oscars/since_arrival_s: the round ended when its
+  comm_s was written."""
+  def series(values):
+    return [Point(r, 100.0 + 10 * r, v) for r, v in enumerate(values)]
+  job = job_data.JobData.from_scalars({"worker_0": {
+      "oscars/compute_s": series([1.0, 1.0]),
+      "oscars/wait_s": series([0.5, 0.5]),
+      "oscars/comm_s": series([0.5, 0.5])}})
+  w = job.workers[0]
+  assert job.origin == pytest.approx(98.0)
+  np.testing.assert_allclose(w.start, [0.0, 10.0])
+  np.testing.assert_allclose(w.end, [2.0, 12.0])
 
 
 def test_job_names_and_sampling():

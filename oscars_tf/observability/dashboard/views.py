@@ -160,13 +160,17 @@ def _points(x, y):
   return np.round(np.stack([x[ok], y[ok]], axis=1), 6).tolist()
 
 
-def _line(x, y, t0, t1, width):
-  """Points of one line in the window, averaged per pixel column when the
-  line has more points than columns."""
+def _line(x, y, t0, t1, width, rounds=None):
+  """{points, breaks} of one line in the window: its points, averaged per
+  pixel column when the line has more points than columns; `breaks`, the
+  indices of points after rounds the worker missed (no line across them)."""
   ok = ~np.isnan(y) & (x >= t0) & (x <= t1)
   if ok.sum() > width:
-    return _points(*_columns(x, y, t0, t1, width))
-  return _points(x[ok], y[ok])
+    return {"points": _points(*_columns(x, y, t0, t1, width)), "breaks": []}
+  breaks = []
+  if rounds is not None:
+    breaks = (np.flatnonzero(np.diff(rounds[ok]) > 1) + 1).tolist()
+  return {"points": _points(x[ok], y[ok]), "breaks": breaks}
 
 
 def _band(workers, name, t0, t1, width):
@@ -177,8 +181,8 @@ def _band(workers, name, t0, t1, width):
   x = t0 + (np.arange(width) + 0.5) * (t1 - t0) / width
   used = ~np.isnan(cells).all(axis=0)
   cells, x = cells[:, used], x[used]
-  return [{"worker": None, "label": label, "points": _points(x, f(cells,
-                                                                   axis=0))}
+  return [{"worker": None, "label": label, "breaks": [],
+           "points": _points(x, f(cells, axis=0))}
           for label, f in (("highest", np.nanmax), ("median", np.nanmedian),
                            ("lowest", np.nanmin))]
 
@@ -219,7 +223,7 @@ def charts(job, t0=None, t1=None, width=600):
     lines = []
     if name == "utilization":
       x, y = utilization(job)
-      lines.append({"worker": None, "points": _line(x, y, t0, t1, width)})
+      lines.append(dict(_line(x, y, t0, t1, width), worker=None))
     else:
       having = [w for w in job.workers if name in w.series]
       if scope == "worker" and len(having) > MAX_LINES:
@@ -227,8 +231,9 @@ def charts(job, t0=None, t1=None, width=600):
         having = []
       # T and the period are the plan's: the same on every member.
       for w in having[:1] if scope == "cluster" else having:
-        lines.append({"worker": None if scope == "cluster" else w.worker,
-                      "points": _line(w.end, w.series[name], t0, t1, width)})
+        lines.append(dict(
+            _line(w.end, w.series[name], t0, t1, width, w.rounds),
+            worker=None if scope == "cluster" else w.worker))
     out.append({"id": name, "title": title, "lines": lines})
   return {"t0": t0, "t1": t1, "duration": job.duration, "charts": out}
 

@@ -75,15 +75,18 @@ function lineChart(chart, o) {
   for (const line of chart.lines) {
     const colour = line.worker === null ? '#37474f' :
       workerColour(line.worker, o.workers);
-    const d = line.points.map((p) => `${x(p[0]).toFixed(1)},${
-      y(p[1]).toFixed(1)}`).join(' ');
+    // A path with a gap where the worker missed rounds (dropped).
+    const breaks = new Set(line.breaks || []);
+    const d = line.points.map((p, i) => `${i === 0 || breaks.has(i) ?
+      'M' : 'L'}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join('');
     const last = line.points[line.points.length - 1];
-    lines.append(svg('polyline', {
-      class: 'line', points: d, stroke: colour, fill: 'none',
+    lines.append(svg('path', {
+      class: 'line', d, stroke: colour, fill: 'none',
       'stroke-width': o.workers > 20 ? 0.7 : 1.5, dataset: {
         worker: line.worker === null ? '' : line.worker,
         points: line.points.length}},
-    title(`${line.worker === null ? 'cluster' : `worker ${line.worker}`}` +
+    title(`${line.label || (line.worker === null ? 'cluster' :
+      `worker ${line.worker}`)}` +
           `${last ? `: ${fmt(last[1], 3)} at ${seconds(last[0])}` : ''}`)));
   }
   root.append(lines);

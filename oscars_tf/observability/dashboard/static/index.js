@@ -136,7 +136,7 @@ async function showCharts(width) {
   const each = Math.floor(width / state.selected.length);
   const views = await Promise.all(state.selected.map((j) => getJson(
       `./charts?${query(j, {t0, t1, width: Math.max(100, each - 60)})}`)));
-  const counts = await Promise.all(state.selected.map((j) => j.workers));
+  const counts = state.selected.map((j) => j.workers);
   return [el('p', {}, `${seconds(t0)} – ${seconds(t1)} (the timeline's ` +
       'window); one colour per worker'), renderCharts(views, state.selected,
       {t0, t1, width, workerCounts: counts})];
