@@ -5,6 +5,13 @@
 import {el, fmt, seconds, svg, ticks, title, workerColour} from './util.js';
 
 const PAD = {left: 52, right: 10, top: 8, bottom: 22};
+const BAND = {highest: '#ef6c00', median: '#263238', lowest: '#1e88e5'};
+
+function lineColour(line, workers) {
+  if (line.label) return BAND[line.label];
+  return line.worker === null ? '#37474f' :
+    workerColour(line.worker, workers);
+}
 
 // Rows of [chart id, chart title]; each job's /charts answer in `views`.
 // Returns an element with a row per chart and a column per job.
@@ -13,6 +20,7 @@ export function renderCharts(views, jobs, opts) {
   const grid = el('div', {className: 'charts',
                           style: `grid-template-columns: repeat(${
                             views.length}, 1fr)`});
+  grid.append(...views.map((v, k) => chartLegend(v, opts.workerCounts[k])));
   const width = Math.max(260, Math.floor(
       (opts.width - 12 * (views.length - 1)) / views.length));
   for (const [id, name] of ids) {
@@ -40,6 +48,16 @@ export function renderCharts(views, jobs, opts) {
     });
   }
   return grid;
+}
+
+// Which colour is which worker (or, past 16 workers, which line is which).
+function chartLegend(view, workers) {
+  const rate = view.charts.find((c) => c.id === 'rate') || view.charts[0];
+  const keys = rate.lines.map((l) => [l.label || `worker ${l.worker}`,
+    lineColour(l, workers)]);
+  return el('div', {className: 'legend'}, ...keys.map(([name, colour]) =>
+    el('span', {className: 'key'}, el('i', {style: `background:${colour}`}),
+        name)));
 }
 
 function lineChart(chart, o) {
@@ -73,8 +91,7 @@ function lineChart(chart, o) {
   const lines = svg('g', {'clip-path': `url(#clip-${chart.id}-${
     clipCount++})`});
   for (const line of chart.lines) {
-    const colour = line.worker === null ? '#37474f' :
-      workerColour(line.worker, o.workers);
+    const colour = lineColour(line, o.workers);
     // A path with a gap where the worker missed rounds (dropped).
     const breaks = new Set(line.breaks || []);
     const d = line.points.map((p, i) => `${i === 0 || breaks.has(i) ?

@@ -72,6 +72,7 @@ export function pct(x) {
 
 export function seconds(t) {
   if (!Number.isFinite(t)) return '–';
+  if (t === 0) return '0 s';
   const a = Math.abs(t);
   if (a >= 3600) return `${(t / 3600).toFixed(2)} h`;
   if (a >= 60) return `${(t / 60).toFixed(1)} min`;
