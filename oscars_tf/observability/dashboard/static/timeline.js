@@ -209,7 +209,8 @@ function eventMarks(events, rowOf, x, top, rowH, plotH) {
     const many = e.count > 1 ?
       `${e.count}× (rounds ${e.round}–${e.last_round})` : `round ${e.round}`;
     const extra = e.kind === 'period' ? ` → ${e.value} steps` :
-      e.kind === 'epoch_end' && e.value !== null ? ` (epoch ${e.value})` : '';
+      e.kind === 'epoch_end' && e.value !== null ?
+        ` (epoch ${e.value + 1}, as Keras counts)` : '';
     const text = `${style.label}${e.worker === null ? '' :
       `: worker ${e.worker}`} · ${many}${extra} at ${seconds(e.t)}`;
     const mark = svg('g', {class: `event ${e.kind}`, dataset: {
