@@ -5,12 +5,19 @@ Everything here runs at averaging points only (inside the round's
 per-step path, and never a collective of its own.
 
 Layout under a log directory:
-  worker_<i>/        this worker's scalars: oscars/step_rate, local_steps,
-                     time_budget, compute_s, wait_s, comm_s, bytes_sent,
-                     divergence, loss, poisoned_workers (x axis: round)
+  worker_<i>/        this worker's scalars (x axis: round): oscars/rate,
+                     local_steps, time_budget, period, compute_s, wait_s,
+                     comm_s, bytes_sent, divergence, loss, group (its lowest
+                     member), epoch, poisoned_workers, since_arrival_s
+                     (seconds from the worker's arrival at the averaging
+                     point to this write: the event's own float64 wall time
+                     less it places the round in wall time, which a float32
+                     scalar could not), and on the rounds they happen only
+                     oscars/global_sync and oscars/epoch_end (1.0)
   cluster/           the chief's global view: oscars/table/rate/worker_<j>,
                      oscars/table/local_steps/worker_<j>, the plan digest and
-                     groups (text), stragglers
+                     groups (text), stragglers, and on the rounds they happen
+                     oscars/events/{dropped,rejoined,poisoned}/worker_<j>
   timeline_worker_<i>.json   compute / wait / communicate spans (Chrome trace
                      events); `python -m oscars_tf.observability.summaries merge DIR`
                      joins them into DIR/timeline.json for Perfetto or
@@ -21,17 +28,24 @@ import glob
 import json
 import os
 import sys
+import time
 
 import tensorflow as tf
 
 WORKER_SCALARS = ("rate", "local_steps", "time_budget", "compute_s", "wait_s",
                   "comm_s", "divergence", "loss")
+CLUSTER_EVENTS = ("dropped", "rejoined", "poisoned")  # lists in the entry
+
+
+def _period(plan):
+  """The plan's period (steps of the fastest worker per round), or None."""
+  return getattr(getattr(plan, "state", None), "period", None)
 
 
 class RoundSummaries:
   """Writes one worker's summaries at each round end (see module doc)."""
 
-  def __init__(self, logdir, worker_index, is_chief):
+  def __init__(self, logdir, worker_index, is_chief, book=None):
     self.logdir = logdir
     self.worker_index = worker_index
     self.writer = tf.summary.create_file_writer(
@@ -39,11 +53,16 @@ class RoundSummaries:
     self.cluster_writer = (tf.summary.create_file_writer(
         os.path.join(logdir, "cluster")) if is_chief else None)
     self._bytes = 0
+    # The round book (epochs) and the period of the round in flight: the
+    # observer is handed the *next* round's plan.
+    self._book = book
+    self._period = _period(book.plan) if book is not None else None
 
   def __call__(self, entry, table, plan):
     step = entry["round"]
     self._bytes += entry.get("bytes_sent", 0)
     with self.writer.as_default(step=step):
+      self._round_context(entry)
       for name in WORKER_SCALARS:
         value = entry.get(name)
         if value is not None and value == value:  # skip NaN
@@ -53,9 +72,13 @@ class RoundSummaries:
       # Poison guard events: workers averaged without (non-finite weights).
       tf.summary.scalar("oscars/poisoned_workers",
                         float(len(entry.get("poisoned", ()))))
+    self._period = _period(plan)
     if self.cluster_writer is None:
       return
     with self.cluster_writer.as_default(step=step):
+      for kind in CLUSTER_EVENTS:
+        for j in entry.get(kind, ()):
+          tf.summary.scalar(f"oscars/events/{kind}/worker_{j}", 1.0)
       for j, e in enumerate(table.entries):
         if e.rate == e.rate:
           tf.summary.scalar(f"oscars/table/rate/worker_{j}", e.rate)
@@ -65,6 +88,22 @@ class RoundSummaries:
           "digest": entry["plan"], "groups": entry["groups"],
           "local_steps": entry["planned_all"],
           "global_sync": entry["global_sync"]}))
+
+  def _round_context(self, entry):
+    """Where the round sits in time and training (the dashboard's timeline
+    and event marks)."""
+    arrived_at = entry.get("arrived_at")
+    if arrived_at is not None:
+      tf.summary.scalar("oscars/since_arrival_s", time.time() - arrived_at)
+    if self._period is not None:
+      tf.summary.scalar("oscars/period", float(self._period))
+    if entry.get("global_sync"):
+      tf.summary.scalar("oscars/global_sync", 1.0)
+    if self._book is not None:
+      tf.summary.scalar("oscars/epoch", float(
+          self._book.epoch_index + self._book.epoch_offset))
+      if self._book.epoch_over:  # set before the observer is called
+        tf.summary.scalar("oscars/epoch_end", 1.0)
 
   def flush(self):
     self.writer.flush()
@@ -92,7 +131,8 @@ class RoundLogging:
     if logdir and logdir != self._logdir:
       self._logdir = logdir
       self._summaries = RoundSummaries(
-          logdir, self._cluster.worker_index, self._cluster.is_chief)
+          logdir, self._cluster.worker_index, self._cluster.is_chief,
+          self._book)
       self._book.observer = self._summaries
 
   def finish_logs(self):

@@ -1,103 +1,236 @@
-// The `oscars` TensorBoard dashboard: plain DOM, no build step.
-// TensorBoard loads this module in the plugin's iframe and calls render();
-// relative URLs resolve to /data/plugin/oscars/.
+// The `oscars` TensorBoard dashboard: "where did my time go?" for 4 or 400
+// workers. Plain ES modules and SVG/canvas, no build step, no network
+// beyond this plugin's own routes. TensorBoard loads this module in the
+// plugin's iframe and calls render(); relative URLs resolve to
+// /data/plugin/oscars/ (the backend: plugin.py).
+//
+// Views (tabs), each for the jobs ticked in the job list, on one time axis
+// (seconds since each job's start) so jobs compare side by side:
+//   timeline  each worker's rounds (compute / wait / communicate) and the
+//             events; zoom with the wheel or by dragging, double-click out
+//   charts    step rate, T, period, divergence, loss, utilization
+//   workers   per-worker totals, stragglers flagged
+//   compare   one row per job: utilization, waits, events, loss
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  Object.assign(node, attrs);
-  for (const child of children) {
-    node.append(child instanceof Node ? child : String(child));
+import {renderCharts} from './static/charts.js';
+import {compareTable, workersTable} from './static/tables.js';
+import {renderTimeline, timelineLegend} from './static/timeline.js';
+import {el, getJson, seconds} from './static/util.js';
+
+const VIEWS = ['timeline', 'charts', 'workers', 'compare'];
+const STYLE = `
+  body { font: 13px sans-serif; margin: 16px; color: #212121; }
+  h1 { font-size: 20px; margin: 0 0 8px; }
+  h3 { font-size: 14px; margin: 14px 0 4px; }
+  .bar-row { display: flex; gap: 16px; align-items: center; flex-wrap: wrap;
+             margin: 6px 0; }
+  .tabs button { font: inherit; padding: 4px 12px; border: 1px solid #bbb;
+                 background: #fafafa; cursor: pointer; }
+  .tabs button.active { background: #1e88e5; color: white;
+                        border-color: #1e88e5; }
+  .jobs label { margin-right: 12px; white-space: nowrap; }
+  .note { color: #8d6e63; }
+  .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; margin: 4px 0; }
+  .legend .key i { display: inline-block; width: 12px; height: 10px;
+                   margin-right: 4px; vertical-align: middle; }
+  .legend .key b { margin-right: 4px; }
+  .timeline-wrap { position: relative; user-select: none; }
+  .timeline-wrap > svg, .timeline-wrap > canvas { position: absolute;
+                                                  left: 0; top: 0; }
+  canvas.binned { image-rendering: pixelated; }
+  svg text { font: 11px sans-serif; fill: #424242; }
+  svg .grid { stroke: #eee; }
+  svg .event-line { stroke-width: 1.2; opacity: 0.75; }
+  svg .glyph { font-weight: bold; }
+  svg .brush { fill: rgba(30, 136, 229, 0.15); stroke: #1e88e5; }
+  svg .empty { fill: #9e9e9e; }
+  .charts { display: grid; gap: 4px 12px; }
+  figure.chart { margin: 0; }
+  figcaption { font-weight: bold; font-size: 12px; }
+  table { border-collapse: collapse; margin: 8px 0 20px; }
+  th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
+  td.name { text-align: left; font-weight: bold; }
+  .bar { display: flex; width: 200px; height: 12px; }
+  .bar span { display: block; height: 100%; }
+  .compute { background: #43a047; } .wait { background: #e53935; }
+  .comm { background: #1e88e5; }
+  tr.straggler td { background: #ffebee; } .flag { color: #c62828; }
+  .error { color: #c62828; }`;
+
+const state = {jobs: [], selected: [], view: 'timeline', window: null,
+               colourBy: 'phase', durations: {}};
+let content;
+let shown = 0;  // the latest render wins
+let renders = 0;  // finished renders (data-renders: tests wait on it)
+let pending = null;
+
+function query(job, extra = {}) {
+  const params = new URLSearchParams({name: job.id, ...extra});
+  return params.toString();
+}
+
+function fullWindow() {
+  const d = Math.max(1e-3, ...state.selected.map(
+      (j) => state.durations[j.id] || 0));
+  return [0, d];
+}
+
+function setWindow(t0, t1) {
+  if (t0 === null || t0 === undefined) {
+    state.window = null;
+  } else {
+    const [lo, hi] = fullWindow();
+    const span = Math.max(1e-4, Math.min(hi - lo, t1 - t0));
+    let a = Math.max(lo, t0);
+    if (a + span > hi) a = hi - span;
+    state.window = [a, a + span];
   }
-  return node;
+  clearTimeout(pending);
+  pending = setTimeout(show, 80);  // one fetch per burst of wheel events
 }
 
-function heat(value, max) {
-  // Slow = dark red, fast = pale: the eye finds stragglers at once.
-  const t = max > 0 ? Math.max(0, Math.min(1, value / max)) : 0;
-  return `hsl(${Math.round(120 * t)}, 70%, ${Math.round(35 + 40 * t)}%)`;
-}
-
-function fmt(x, digits = 2) {
-  return Number.isFinite(x) ? x.toFixed(digits) : '–';
-}
-
-function workersTable(workers) {
-  const head = el('tr', {}, ...['worker', 'steps/s', 'rounds', 'compute s',
-      'wait s', 'communicate s', 'breakdown', ''].map((h) => el('th', {}, h)));
-  const rows = workers.map((w) => {
-    const total = w.compute_s + w.wait_s + w.comm_s || 1;
-    const bar = el('div', {className: 'bar'},
-        ...[['compute', w.compute_s], ['wait', w.wait_s],
-            ['comm', w.comm_s]].map(([k, v]) => el('span', {
-          className: k, title: `${k} ${fmt(v)} s`,
-          style: `width:${(100 * v / total).toFixed(1)}%`})));
-    const row = el('tr', {className: 'worker-row'},
-        el('td', {}, `worker ${w.worker}`), el('td', {className: 'rate'},
-            fmt(w.rate, 1)), el('td', {}, w.rounds), el('td', {},
-            fmt(w.compute_s)), el('td', {}, fmt(w.wait_s)),
-        el('td', {}, fmt(w.comm_s)), el('td', {}, bar),
-        el('td', {className: 'flag'}, w.straggler ? 'straggler' : ''));
-    if (w.straggler) row.classList.add('straggler');
-    return row;
+async function showTimeline(width) {
+  const [t0, t1] = state.window || fullWindow();
+  const views = await Promise.all(state.selected.map((j) => getJson(
+      `./timeline?${query(j, {t0, t1, width: width - 98})}`)));
+  views.forEach((v, k) => {
+    state.durations[state.selected[k].id] = v.duration;
   });
-  return el('table', {id: 'oscars-workers'}, head, ...rows);
-}
-
-function roundGrid(id, title, rows, cell) {
-  // rows: [{label, points: [[round, value], ...]}]; one column per round.
-  const rounds = [...new Set(rows.flatMap((r) => r.points.map((p) => p[0])))]
-      .sort((a, b) => a - b);
-  const max = Math.max(0, ...rows.flatMap((r) => r.points.map((p) => p[1])));
-  const head = el('tr', {}, el('th', {}, 'round →'),
-      ...rounds.map((k) => el('th', {}, k)));
-  const body = rows.map((r) => {
-    const at = new Map(r.points);
-    return el('tr', {}, el('th', {}, r.label), ...rounds.map((k) => {
-      const v = at.get(k);
-      return v === undefined ? el('td') : cell(v, max);
-    }));
+  const groups = [...new Set(views.flatMap((v) => v.groups))].sort(
+      (a, b) => a - b);
+  const colour = el('select', {id: 'oscars-colour-by'},
+      el('option', {value: 'phase'}, 'colour: phase'),
+      el('option', {value: 'group'}, 'colour: group'));
+  colour.value = state.colourBy;
+  colour.addEventListener('change', () => {
+    state.colourBy = colour.value;
+    show();
   });
-  return el('section', {}, el('h3', {}, title),
-      el('table', {id, className: 'grid'}, head, ...body));
+  const out = el('button', {id: 'oscars-zoom-out'}, 'zoom out');
+  out.addEventListener('click', () => setWindow(null));
+  const parts = [el('div', {className: 'bar-row'}, colour, out,
+      el('span', {className: 'window'},
+          `${seconds(t0)} – ${seconds(t1)} · wheel or drag to zoom, ` +
+          'shift+wheel to pan, double-click to zoom out'))];
+  parts.push(timelineLegend(state.colourBy, groups));
+  views.forEach((v, k) => {
+    const job = state.selected[k];
+    parts.push(el('section', {className: 'job-panel', dataset: {
+      job: job.id}}, el('h3', {}, `${job.name} — ${v.workers.length} ` +
+        `workers, ${v.rounds} rounds, ${v.mode === 'exact' ?
+          `${v.segments} worker-rounds` : `binned in ${v.width} columns`}`),
+    sampledNote(v), renderTimeline(v, {
+      t0, t1, width, colourBy: state.colourBy, onWindow: setWindow})));
+  });
+  return parts;
 }
 
-async function showJob(name, target) {
-  const response = await fetch(`./job?name=${encodeURIComponent(name)}`);
-  const job = await response.json();
-  target.replaceChildren(
-      el('h2', {}, `job ${name}`), workersTable(job.workers),
-      roundGrid('oscars-heatmap', 'step-rate table (steps/s, worker × round)',
-          job.table.map((t) => ({label: `worker ${t.worker}`,
-                                 points: t.rates})),
-          (v, max) => el('td', {title: fmt(v, 1),
-                                style: `background:${heat(v, max)}`},
-              fmt(v, 0))),
-      roundGrid('oscars-groups', 'groups (lowest member of each group)',
-          job.workers.map((w) => ({label: `worker ${w.worker}`,
-                                   points: w.series.group || []})),
-          (v) => el('td', {className: `group g${v % 6}`}, v)));
+function sampledNote(v) {
+  return v.sampled ? el('p', {className: 'note'}, 'TensorBoard kept a ' +
+      'sample of the rounds: start it with --samples_per_plugin=' +
+      'scalars=0 to see every round.') : null;
+}
+
+async function showCharts(width) {
+  const [t0, t1] = state.window || fullWindow();
+  const each = Math.floor(width / state.selected.length);
+  const views = await Promise.all(state.selected.map((j) => getJson(
+      `./charts?${query(j, {t0, t1, width: Math.max(100, each - 60)})}`)));
+  const counts = state.selected.map((j) => j.workers);
+  return [el('p', {}, `${seconds(t0)} – ${seconds(t1)} (the timeline's ` +
+      'window); one colour per worker'), renderCharts(views, state.selected,
+      {t0, t1, width, workerCounts: counts})];
+}
+
+async function showWorkers() {
+  const jobs = await Promise.all(state.selected.map(
+      (j) => getJson(`./job?${query(j)}`)));
+  return jobs.flatMap((job, k) => [el('section', {className: 'job-panel',
+      dataset: {job: state.selected[k].id}},
+  el('h3', {}, state.selected[k].name), sampledNote(job),
+  workersTable(job))]);
+}
+
+async function showCompare() {
+  const jobs = await Promise.all(state.selected.map(
+      (j) => getJson(`./job?${query(j)}`)));
+  return [compareTable(state.selected, jobs)];
+}
+
+// Every ticked job's length, for the shared time axis.
+async function knowDurations() {
+  const unknown = state.selected.filter((j) => !(j.id in state.durations));
+  const found = await Promise.all(unknown.map(
+      (j) => getJson(`./job?${query(j)}`)));
+  found.forEach((s, k) => {
+    state.durations[unknown[k].id] = s.headline.duration_s;
+  });
+}
+
+async function show() {
+  const mine = ++shown;
+  content.dataset.view = state.view;
+  content.dataset.state = 'loading';
+  const width = Math.max(480, content.clientWidth || 1000);
+  try {
+    await knowDurations();
+    const parts = state.selected.length === 0 ?
+      [el('p', {}, 'Tick a job above.')] :
+      await {timeline: showTimeline, charts: showCharts,
+             workers: showWorkers, compare: showCompare}[state.view](width);
+    if (mine !== shown) return;
+    content.replaceChildren(...parts.filter((p) => p));
+    content.dataset.state = 'ready';
+    content.dataset.renders = String(++renders);
+  } catch (e) {
+    if (mine !== shown) return;
+    content.replaceChildren(el('p', {className: 'error'}, String(e)));
+    content.dataset.state = 'error';
+    console.error('oscars dashboard:', e);
+  }
+}
+
+function picker() {
+  const boxes = state.jobs.map((job, k) => {
+    const box = el('input', {type: 'checkbox', value: job.id,
+                             checked: k < 4});
+    box.addEventListener('change', () => {
+      state.selected = state.jobs.filter((j, i) => boxes[i].checked);
+      show();
+    });
+    return box;
+  });
+  return el('div', {className: 'jobs', id: 'oscars-jobs'},
+      el('b', {}, 'jobs: '), ...state.jobs.map((job, k) => el('label', {
+        title: job.id === '.' ? 'the log directory itself' : job.id},
+      boxes[k], ` ${job.name} (${job.workers})`)));
+}
+
+function tabs() {
+  const buttons = VIEWS.map((v) => {
+    const b = el('button', {dataset: {view: v}, className: v === state.view ?
+      'active' : ''}, v);
+    b.addEventListener('click', () => {
+      state.view = v;
+      buttons.forEach((x) => x.classList.toggle('active', x === b));
+      show();
+    });
+    return b;
+  });
+  return el('div', {className: 'tabs', id: 'oscars-tabs'}, ...buttons);
 }
 
 export async function render() {
-  document.head.append(el('style', {textContent: `
-    body { font: 13px sans-serif; margin: 16px; }
-    table { border-collapse: collapse; margin: 8px 0 20px; }
-    th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
-    .bar { display: flex; width: 240px; height: 12px; }
-    .bar span { display: block; height: 100%; }
-    .compute { background: #4caf50; } .wait { background: #f44336; }
-    .comm { background: #2196f3; }
-    tr.straggler td { background: #ffebee; } .flag { color: #c62828; }
-    .g0 { background: #e3f2fd; } .g1 { background: #fff3e0; }
-    .g2 { background: #e8f5e9; } .g3 { background: #f3e5f5; }
-    .g4 { background: #fffde7; } .g5 { background: #e0f7fa; }`}));
-  const jobs = (await (await fetch('./jobs')).json()).jobs;
-  const content = el('div', {id: 'oscars-job'});
-  const picker = el('select', {id: 'oscars-jobs'},
-      ...jobs.map((j) => el('option', {value: j}, j)));
-  picker.addEventListener('change', () => showJob(picker.value, content));
-  document.body.append(el('h1', {}, 'Oscars'),
-      jobs.length ? picker : el('p', {}, 'No oscars_tf runs in this logdir.'),
+  document.head.append(el('style', {textContent: STYLE}));
+  state.jobs = (await getJson('./jobs')).jobs;
+  state.selected = state.jobs.slice(0, 4);
+  content = el('div', {id: 'oscars-view'});
+  document.body.append(el('h1', {}, 'Oscars'));
+  if (!state.jobs.length) {
+    document.body.append(el('p', {}, 'No oscars_tf runs in this logdir.'));
+    return;
+  }
+  document.body.append(picker(), el('div', {className: 'bar-row'}, tabs()),
       content);
-  if (jobs.length) await showJob(jobs[0], content);
+  await show();
 }
