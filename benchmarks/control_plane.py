@@ -36,6 +36,7 @@ from absl import logging
 
 from oscars_tf import schedules
 from oscars_tf.policy import records
+from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import round_book
@@ -151,9 +152,9 @@ def measure(n, rng):
         continue
       if j not in members:  # dropped last round: asks to rejoin
         kv_store.put(store, f"{membership.PREFIX}j/{j}",
-                     json.dumps(_row(rates[j], r, 0, 1.0)))
+                     decision_codec.encode_row(_row(rates[j], r, 0, 1.0)))
         continue
-      store.set(f"{membership.PREFIX}a/{r}/{j}", json.dumps(
+      store.set(f"{membership.PREFIX}a/{r}/{j}", decision_codec.encode_row(
           _row(rates[j], r, plan.local_steps[j], 1.0)))
     # Sampled workers in threads, the chief here: real round books.
     cpu = {}
@@ -172,12 +173,12 @@ def measure(n, rng):
     for t in threads:
       t.join(60)
     decision_key = f"{membership.PREFIX}d/{r}"
-    decision = membership.Decision.from_json(store.data[decision_key])
+    decision = membership.Decision.decode(store.data[decision_key])
     # Light clients read the decision and take their part from it.
     t0 = time.thread_time()
     readers = [j for j in decision.members if j not in books]
     for j in readers[:1]:
-      membership.Decision.from_json(store.get(decision_key, 1.0))
+      membership.Decision.decode(store.get(decision_key, 1.0))
     light_cpu = time.thread_time() - t0
     for _ in readers[1:]:
       store.get(decision_key, 1.0)

@@ -23,9 +23,10 @@ import json
 import math
 import socket
 import time
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
@@ -46,9 +47,23 @@ class Decision:
                                # counted them (a newcomer adopts it)
   chief_plan: Optional[dict] = None  # what newcomers adopt to plan like
                                      # the others (only when they join)
+  # The rows as one n x width array (NaN for non-members) when decoded
+  # from the store: the round book takes it whole instead of row by row.
+  row_array: Any = dataclasses.field(default=None, compare=False,
+                                     repr=False)
+
+  def encode(self):
+    """Compact store text (decision_codec.py)."""
+    return decision_codec.encode_decision(self)
+
+  @classmethod
+  def decode(cls, text):
+    return decision_codec.decode_decision(text, cls)
 
   def to_json(self):
-    return json.dumps(dataclasses.asdict(self), allow_nan=True)
+    return json.dumps({f.name: getattr(self, f.name)
+                       for f in dataclasses.fields(self)
+                       if f.name != "row_array"}, allow_nan=True)
 
   @classmethod
   def from_json(cls, text):
@@ -140,7 +155,7 @@ class Membership:
     deadline = time.monotonic() + timeout
     while True:
       try:
-        return Decision.from_json(self.store.get(
+        return Decision.decode(self.store.get(
             f"{PREFIX}d/{round_}", min(POLL_S, _left(deadline))))
       except KeyMissing:
         pass
@@ -162,7 +177,7 @@ class Membership:
     deadline = t0 + self.decision_timeout
     while True:
       try:
-        decision = Decision.from_json(
+        decision = Decision.decode(
             self.store.get(f"{PREFIX}d/{r}", min(POLL_S, _left(deadline))))
       except KeyMissing:
         if self._try_get(f"{PREFIX}finished") is not None:
@@ -209,8 +224,9 @@ class Membership:
         rows[j] = _load(text)
         arrived.append(j)
     newcomers = []
+    was_member = set(self.members)  # a set: `in` a tuple is O(workers)
     for j in range(1, self.n):
-      if j in self.members:
+      if j in was_member:
         continue
       text = self._try_get(f"{PREFIX}j/{j}")
       if text is not None:
@@ -222,10 +238,13 @@ class Membership:
     decision = Decision(round_, tuple(sorted(arrived + newcomers)),
                         tuple(newcomers), tuple(dropped), tuple(rows),
                         epoch_done, chief_plan if newcomers else None)
-    self.store.set(f"{PREFIX}d/{round_}", decision.to_json())
+    text = decision.encode()
+    self.store.set(f"{PREFIX}d/{round_}", text)
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
-    return decision
+    # The chief plans from what the members decode (float32 rows), so that
+    # its plan is theirs to the last bit.
+    return Decision.decode(text)
 
 
 def value_unless_gone(store, key, deadline, gone):
@@ -259,11 +278,11 @@ def _left(deadline):
 
 
 def _dump(row):
-  return json.dumps([float(x) for x in row], allow_nan=True)
+  return decision_codec.encode_row(row)
 
 
 def _load(text):
-  return tuple(float(x) for x in json.loads(text))
+  return decision_codec.decode_row(text)
 
 
 def _int_or(text, default):

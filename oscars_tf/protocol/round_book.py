@@ -190,9 +190,13 @@ class RoundBook:
   def _rows(self, decision):
     """The decision's rows as an n x ROW array (NaN where none)."""
     rows = np.full([self.n, ROW], np.nan)
-    for j, r in enumerate(decision.rows):
-      if r is not None:
-        rows[j, :len(r)] = r[:ROW]
+    if decision.row_array is not None:  # decoded whole from the store
+      width = min(ROW, decision.row_array.shape[1])
+      rows[:, :width] = decision.row_array[:, :width]
+    else:
+      for j, r in enumerate(decision.rows):
+        if r is not None:
+          rows[j, :len(r)] = r[:ROW]
     # A rejoiner's rate (measured before its stall) is its speed now: as of
     # this round, or the planner would take it for stale and plan it at the
     # median after a long stall.
