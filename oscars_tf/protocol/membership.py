@@ -103,8 +103,9 @@ class Membership:
                expected_s=0.0, rate_before=math.nan):
     """Arrives at the end of `round_` with `row`; returns the Decision.
 
-    On the chief this also decides: `epoch_done` and `chief_plan` (a dict)
-    are what newcomers adopt to plan like the others; `expected_s` is how
+    On the chief this also decides: `epoch_done` and `chief_plan` (a dict,
+    or a function that makes it, called only when someone rejoins) are
+    what newcomers adopt to plan like the others; `expected_s` is how
     long the others should still take (a chief that arrives early, its data
     run out, waits that long before the straggler timeout starts). A worker
     dropped from `round_` waits to rejoin and returns the decision of the
@@ -235,6 +236,8 @@ class Membership:
         newcomers.append(j)
     for j in arrived:  # read (or the chief's own): no longer needed
       self.store.delete(f"{PREFIX}a/{round_}/{j}")
+    if newcomers and callable(chief_plan):  # made only when needed
+      chief_plan = chief_plan()
     decision = Decision(round_, tuple(sorted(arrived + newcomers)),
                         tuple(newcomers), tuple(dropped), tuple(rows),
                         epoch_done, chief_plan if newcomers else None)
