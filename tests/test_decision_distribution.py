@@ -171,3 +171,25 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     assert per_round[-1] > 30e6  # O(N²): why deltas exist
   else:
     assert per_round[-1] <= bound, per_round
+
+
+def test_the_table_from_an_array_is_the_table_made_row_by_row():
+  # records.StepRateTable.from_rows converts column by column; rows of
+  # different lengths still go one at a time: the same entries either way.
+  from oscars_tf.policy import records  # pylint: disable=g-import-not-at-top
+  rows = [_row(j, 3) for j in range(4)]
+  rows[1][1] = math.nan   # no round: -1
+  rows[2][5] = 7.9        # steps truncate as int() does
+  rows[3][6] = math.nan   # not healthy
+  hosts = ("a", "a", "b", "b")
+  whole = records.StepRateTable.from_rows(np.array(rows), hosts)
+  ragged = records.StepRateTable.from_rows(rows + [[1.0, 2.0]],
+                                           hosts + ("c",))
+  assert list(map(repr, whole.entries)) == list(map(repr, ragged.entries[:4]))
+  assert [e.round for e in whole.entries] == [3, -1, 3, 3]
+  assert whole.entries[2].steps == 7 and not whole.entries[3].healthy
+  short = records.StepRateTable.from_rows(np.array([r[:8] for r in rows]),
+                                          hosts)
+  assert all(math.isnan(e.sync_cost) for e in short.entries)
+  assert ragged.entries[4].round == 2 and math.isnan(
+      ragged.entries[4].sync_cost)

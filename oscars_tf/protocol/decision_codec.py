@@ -16,6 +16,7 @@ the float64 rows it read, or its plan would differ in the last bits.
 """
 
 import base64
+import binascii
 import json
 import struct
 
@@ -36,7 +37,8 @@ def encode_row(row):
 
 def decode_row(text):
   """The row `encode_row` wrote, as a tuple of floats."""
-  return tuple(np.frombuffer(base64.b64decode(text), "<f8").tolist())
+  raw = binascii.a2b_base64(text)  # the chief decodes one per member:
+  return struct.unpack(f"<{len(raw) // 8}d", raw)  # no numpy per row
 
 
 def encode_decision(decision):
@@ -48,11 +50,14 @@ def decision_bytes(decision):
   members = np.asarray(decision.members, ID_DTYPE)
   width = max((len(decision.rows[j]) for j in decision.members
                if decision.rows[j] is not None), default=0)
-  rows = np.full((len(members), width), np.nan, ROW_DTYPE)
-  for i, j in enumerate(decision.members):
-    r = decision.rows[j]
-    if r is not None:
-      rows[i, :len(r)] = r
+  listed = [decision.rows[j] for j in decision.members]
+  if all(r is not None and len(r) == width for r in listed):
+    rows = np.array(listed, ROW_DTYPE).reshape(len(members), width)
+  else:  # rows of different lengths: one at a time, NaN-padded
+    rows = np.full((len(members), width), np.nan, ROW_DTYPE)
+    for i, r in enumerate(listed):
+      if r is not None:
+        rows[i, :len(r)] = r
   plan = (b"" if decision.chief_plan is None else
           json.dumps(decision.chief_plan, allow_nan=True).encode())
   return b"".join((

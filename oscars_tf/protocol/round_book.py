@@ -301,9 +301,10 @@ class RoundBook:
         logging.warning("oscars_tf: summaries failed (training goes on): %s",
                         e)
     self._log_changes()
-    logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
-                 self.me, self.round, self.plan.digest(),
-                 list(self.plan.local_steps), list(self.plan.groups))
+    if logging.vlog_is_on(1):  # its arguments are O(workers) to make
+      logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
+                   self.me, self.round, self.plan.digest(),
+                   list(self.plan.local_steps), list(self.plan.groups))
     self._publish(table, now)
     self.last_sync_step = step
     self._t_round_start = time.monotonic()
