@@ -61,6 +61,8 @@ flags.DEFINE_enum("distribution", "full", list(membership.DISTRIBUTIONS),
 flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
                    "noise on the light clients' reported rates and losses "
                    "(0: each reports its true rate every round).")
+flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
+                   "max_overshoot (None: its default).")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -129,7 +131,8 @@ def measure(n, rng):
   rates = rng.lognormal(0.0, FLAGS.sigma, n) * 10.0
   store = CountingStore()
   gone = set()
-  schedule = schedules.Adaptive(grouping=FLAGS.grouping)
+  schedule = schedules.Adaptive(grouping=FLAGS.grouping,
+                                max_overshoot=FLAGS.max_overshoot)
   sampled = sorted({1 + int(x) for x in rng.choice(
       max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
   faulty = [j for j in range(1, n) if j not in sampled]
@@ -280,7 +283,7 @@ def main(argv):
                                          "sigma", "sampled", "deaths",
                                          "stalls", "fault_round", "seed",
                                          "grouping", "distribution",
-                                         "noise")},
+                                         "noise", "max_overshoot")},
                  "results": results}, f, indent=1)
   return 0
 
