@@ -36,9 +36,11 @@ from absl import logging
 
 from oscars_tf import schedules
 from oscars_tf.policy import records
+from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import round_book
+from oscars_tf.protocol import table_deltas
 
 flags.DEFINE_list("workers", ["16", "64", "256", "1024", "4096", "10000"],
                   "Cluster sizes N to measure.")
@@ -53,6 +55,14 @@ flags.DEFINE_integer("fault_round", 5, "The round the faults happen in.")
 flags.DEFINE_integer("seed", 0, "Seed of the rates and the faults.")
 flags.DEFINE_enum("grouping", "speed", ["speed", "host", "global"],
                   "The Adaptive schedule's grouping.")
+flags.DEFINE_enum("distribution", "full", list(membership.DISTRIBUTIONS),
+                  "How members get the round's table: the whole decision, "
+                  "or the changes to the snapshot they hold.")
+flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
+                   "noise on the light clients' reported rates and losses "
+                   "(0: each reports its true rate every round).")
+flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
+                   "max_overshoot (None: its default).")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -121,7 +131,8 @@ def measure(n, rng):
   rates = rng.lognormal(0.0, FLAGS.sigma, n) * 10.0
   store = CountingStore()
   gone = set()
-  schedule = schedules.Adaptive(grouping=FLAGS.grouping)
+  schedule = schedules.Adaptive(grouping=FLAGS.grouping,
+                                max_overshoot=FLAGS.max_overshoot)
   sampled = sorted({1 + int(x) for x in rng.choice(
       max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
   faulty = [j for j in range(1, n) if j not in sampled]
@@ -133,7 +144,7 @@ def measure(n, rng):
     books[j] = round_book.RoundBook(
         _info(j, hosts), schedule, membership=membership.Membership(
             store, j, n, STRAGGLER_S, 30.0, first_round_timeout=30.0,
-            is_gone=lambda k: k in gone))
+            is_gone=lambda k: k in gone, distribution=FLAGS.distribution))
     books[j].meter = _TrueRate(rates[j])
     books[j].publish = False
   chief = books[0]
@@ -144,6 +155,11 @@ def measure(n, rng):
     if r == FLAGS.fault_round:
       gone |= deaths
     live = [j for j in range(n) if j not in gone]
+    # What the light clients measured this round (SIMULATED noise).
+    reported = rates * rng.lognormal(0.0, FLAGS.noise, n) if FLAGS.noise \
+        else rates
+    losses = (rng.lognormal(0.0, FLAGS.noise, n) if FLAGS.noise
+              else np.ones(n)) / (1.0 + 0.01 * r)  # 1 % a round
     # Light clients post their rows (a stalled one misses this round).
     ops0, out0 = store.ops, store.bytes_out
     for j in live:
@@ -151,10 +167,11 @@ def measure(n, rng):
         continue
       if j not in members:  # dropped last round: asks to rejoin
         kv_store.put(store, f"{membership.PREFIX}j/{j}",
-                     json.dumps(_row(rates[j], r, 0, 1.0)))
+                     decision_codec.encode_row(_row(reported[j], r, 0,
+                                                    losses[j])))
         continue
-      store.set(f"{membership.PREFIX}a/{r}/{j}", json.dumps(
-          _row(rates[j], r, plan.local_steps[j], 1.0)))
+      store.set(f"{membership.PREFIX}a/{r}/{j}", decision_codec.encode_row(
+          _row(reported[j], r, plan.local_steps[j], losses[j])))
     # Sampled workers in threads, the chief here: real round books.
     cpu = {}
 
@@ -172,15 +189,26 @@ def measure(n, rng):
     for t in threads:
       t.join(60)
     decision_key = f"{membership.PREFIX}d/{r}"
-    decision = membership.Decision.from_json(store.data[decision_key])
-    # Light clients read the decision and take their part from it.
+    whole_key = f"{membership.PREFIX}s/{r}"
+    deltas = FLAGS.distribution == "deltas"
+    decision = membership.Decision.decode(
+        store.data[whole_key if deltas else decision_key])
+    # Light clients read the decision and take their part from it (with
+    # deltas a newcomer reads the whole snapshot too).
     t0 = time.thread_time()
     readers = [j for j in decision.members if j not in books]
     for j in readers[:1]:
-      membership.Decision.from_json(store.get(decision_key, 1.0))
+      text = store.get(decision_key, 1.0)
+      if deltas:
+        table_deltas.Changes(text)
+      else:
+        membership.Decision.decode(text)
     light_cpu = time.thread_time() - t0
-    for _ in readers[1:]:
+    for j in readers[1:]:
       store.get(decision_key, 1.0)
+    for j in decision.newcomers:
+      if deltas and j not in books:
+        store.get(whole_key, 1.0)
     members = set(decision.members)
     # Simulated utilization of the round just planned and run.
     compute = [plan.local_steps[j] / rates[j] for j in decision.members
@@ -216,6 +244,8 @@ def summarize(n, rows):
           "worker_cpu_ms": med("worker_cpu_ms"),
           "kv_ops": med("kv_ops"),
           "bytes_out_of_chief_mb": med("bytes_out_of_chief") / 1e6,
+          "bytes_out_of_chief_mb_max": max(
+              r["bytes_out_of_chief"] for r in rows) / 1e6,
           "decision_kb": med("decision_bytes") / 1e3,
           "live_keys_max": max(r["live_keys"] for r in rows),
           "plan_ms": med("plan_ms"),
@@ -230,7 +260,8 @@ def main(argv):
   rng = np.random.default_rng(FLAGS.seed)
   print("Control plane per round (SIMULATED speeds, in-memory store, "
         f"lognormal sigma={FLAGS.sigma}, {FLAGS.workers_per_host} workers "
-        f"per host, grouping={FLAGS.grouping})")
+        f"per host, grouping={FLAGS.grouping}, distribution="
+        f"{FLAGS.distribution}, noise={FLAGS.noise})")
   head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
           f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
           f"{'util':>6} {'drop/rejoin':>11}")
@@ -251,7 +282,8 @@ def main(argv):
           k: getattr(FLAGS, k) for k in ("rounds", "workers_per_host",
                                          "sigma", "sampled", "deaths",
                                          "stalls", "fault_round", "seed",
-                                         "grouping")},
+                                         "grouping", "distribution",
+                                         "noise", "max_overshoot")},
                  "results": results}, f, indent=1)
   return 0
 

@@ -306,6 +306,12 @@ class Adaptive(Schedule):
     straggler_ratio: 0.25; a worker below this fraction of the median rate
       is flagged a straggler; T never drops below one of its steps.
     max_staleness: 3 rounds; older table rows are ignored with a warning.
+    max_overshoot: None (default: k_i is rate_i * T to the nearest step, so
+      a worker may arrive up to half of one of its steps past T) or a float
+      >= 0: a worker whose nearest step count would arrive more than this
+      fraction of T late takes one step fewer (at least 1), so with many
+      workers no one but a straggler holds the round much past T (1,024
+      lognormal workers: the round's compute share 0.75 -> about 0.9).
 
   Example:
     strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Adaptive())
@@ -315,7 +321,7 @@ class Adaptive(Schedule):
                max_period=256, grouping="host", max_group_size=None,
                global_every=4, adaptive_global=True, max_global_every=64,
                divergence_low=0.005, divergence_high=0.05, weighting="work",
-               straggler_ratio=0.25, max_staleness=3):
+               straggler_ratio=0.25, max_staleness=3, max_overshoot=None):
     self.period_rule = CostAware() if period_rule is None else period_rule
     if not hasattr(self.period_rule, "update"):
       raise TypeError("Adaptive: `period_rule` must be CostAware(), "
@@ -357,6 +363,11 @@ class Adaptive(Schedule):
       raise ValueError("Adaptive: `max_staleness` must be an int >= 0, got "
                        f"{max_staleness!r}.")
     self.max_staleness = max_staleness
+    if max_overshoot is not None and not (
+        isinstance(max_overshoot, (int, float)) and max_overshoot >= 0):
+      raise ValueError("Adaptive: `max_overshoot` must be None or a number "
+                       f">= 0, got {max_overshoot!r}.")
+    self.max_overshoot = max_overshoot
 
   def plan(self, table, round_, state=None):
     return planner.plan(table, self, round_, state)

@@ -29,3 +29,21 @@ def test_the_control_plane_benchmark_writes_complete_sane_results(tmp_path):
     assert r["live_keys_max"] <= 16, r  # bounded: not per worker or round
     assert r["dropped"] == 2 and r["rejoined"] == 1, r  # a death, a stall
     assert 0 < r["utilization"] <= 1 and r["chief_cpu_ms"] > 0, r
+
+
+def test_with_deltas_the_members_read_changes_not_the_whole_table(tmp_path):
+  # 64 workers whose rows hold still between rounds: the chief's bytes out
+  # per round are the arrivals and a header per member (about 0.01 MB),
+  # where the whole decision to every member is about 0.2 MB.
+  out = tmp_path / "cp.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "control_plane.py"),
+       "--workers=64", "--rounds=8", "--fault_round=4",
+       "--distribution=deltas", f"--result_json={out}"],
+      capture_output=True, text=True, timeout=300, cwd=ROOT,
+      env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  r = json.loads(out.read_text())["results"][0]
+  assert r["dropped"] == 2 and r["rejoined"] == 1, r
+  assert r["live_keys_max"] <= 16, r
+  assert r["bytes_out_of_chief_mb"] < 0.05, r

@@ -7,6 +7,8 @@ import dataclasses
 import math
 import time
 
+import numpy as np
+
 from hypothesis import given, settings, strategies as st
 import pytest
 
@@ -363,3 +365,27 @@ def test_global_every_follows_the_drift_measured_at_global_syncs():
     everies.append(state.global_every)
   assert everies[-1] == 1, everies
   assert max(everies) <= 4, everies
+
+
+def test_max_overshoot_keeps_every_arrival_near_the_time_budget():
+  # 1,024 lognormal rates (sigma 0.5): rounding k_i to the nearest step
+  # lets some worker arrive about a third of T late, and everyone waits;
+  # with max_overshoot none but the slowest arrives past T (1 + 0.02).
+  from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
+  rates = np.random.default_rng(0).lognormal(0.0, 0.5, 1024) * 10
+  table = records.StepRateTable(
+      tuple(records.TableEntry(rate=float(r), round=0) for r in rates),
+      tuple(f"h{i // 8}" for i in range(1024)))
+
+  def share(max_overshoot):
+    p = schedules.Adaptive(grouping="speed",
+                           max_overshoot=max_overshoot).plan(table, 1)
+    compute = np.array(p.local_steps) / np.array(p.rates)
+    assert min(p.local_steps) >= 1
+    return compute.mean() / compute.max(), compute.max() / p.time_budget
+  plain, plain_late = share(None)
+  capped, capped_late = share(0.02)
+  assert plain_late > 1.2 and capped_late <= 1.02 + 1e-9
+  assert capped > plain + 0.05, (plain, capped)
+  with pytest.raises(ValueError, match="max_overshoot"):
+    schedules.Adaptive(max_overshoot=-1)

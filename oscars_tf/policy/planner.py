@@ -137,6 +137,9 @@ def plan(table: StepRateTable, config, round_: int,
   time_budget = _whole_slow_steps(max(period / fastest, 1.0 / slowest),
                                   slowest)
   local_steps = tuple(_steps_in(r, time_budget) for r in rates)
+  overshoot = getattr(config, "max_overshoot", None)
+  if overshoot is not None:
+    local_steps = _capped(local_steps, rates, time_budget, overshoot)
   if len(bad) == n:  # nothing measured yet: short, equal probe rounds
     local_steps = (max(1, min(PROBE_STEPS, int(period))),) * n
     time_budget = local_steps[0] / slowest  # all planned at the same rate
@@ -209,6 +212,16 @@ def _steps_in(rate, budget):
   step of T, early or late. (Flooring would make measured rates a hair under
   nominal cost the fast workers a whole step of idling every round.)"""
   return max(1, int(math.floor(rate * budget + 0.5)))
+
+
+def _capped(local_steps, rates, budget, overshoot):
+  """One step fewer (>= 1) for every worker whose k_i would arrive more
+  than `overshoot` x T late. With many workers, one whose rate x T is just
+  under 1.5 rounds up to 2 steps and arrives a third of T late; the round
+  waits for the latest arrival, so that rounding costs everyone."""
+  late = budget * (1.0 + overshoot)
+  return tuple(k - 1 if k > 1 and k / r > late else k
+               for k, r in zip(local_steps, rates))
 
 
 def _whole_slow_steps(budget, slowest):

@@ -23,15 +23,21 @@ import json
 import math
 import socket
 import time
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
+
+import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
 PROBE_EVERY_S = 0.5  # the chief checks a late member's process this often
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
+KEEP_SNAPSHOTS = 4  # whole snapshots kept ("deltas" distribution)
+DISTRIBUTIONS = ("full", "deltas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +52,23 @@ class Decision:
                                # counted them (a newcomer adopts it)
   chief_plan: Optional[dict] = None  # what newcomers adopt to plan like
                                      # the others (only when they join)
+  # The rows as one n x width array (NaN for non-members) when decoded
+  # from the store: the round book takes it whole instead of row by row.
+  row_array: Any = dataclasses.field(default=None, compare=False,
+                                     repr=False)
+
+  def encode(self):
+    """Compact store text (decision_codec.py)."""
+    return decision_codec.encode_decision(self)
+
+  @classmethod
+  def decode(cls, text):
+    return decision_codec.decode_decision(text, cls)
 
   def to_json(self):
-    return json.dumps(dataclasses.asdict(self), allow_nan=True)
+    return json.dumps({f.name: getattr(self, f.name)
+                       for f in dataclasses.fields(self)
+                       if f.name != "row_array"}, allow_nan=True)
 
   @classmethod
   def from_json(cls, text):
@@ -64,10 +84,23 @@ class Membership:
   """One worker's side of the round-end exchange (the chief decides)."""
 
   def __init__(self, store, me, num_workers, straggler_timeout,
-               decision_timeout, first_round_timeout=None, is_gone=None):
+               decision_timeout, first_round_timeout=None, is_gone=None,
+               distribution="full"):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
-    of after the straggler timeout, which is for the live but slow."""
+    of after the straggler timeout, which is for the live but slow.
+
+    `distribution`: "full", every member reads the whole decision every
+    round (N² bytes out of the chief per round); "deltas", the chief
+    writes the table's changes and members apply them to the snapshot
+    they hold (table_deltas.py: O(N + changes · N) bytes). All members of
+    a job must use the same one."""
+    if distribution not in DISTRIBUTIONS:
+      raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
+                       f"{distribution!r}.")
+    self.distribution = distribution
+    self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
+    self._snapshot_round = -1
     if not straggler_timeout > 0 or not decision_timeout > 0:
       raise ValueError("membership timeouts must be > 0 s.")
     self.store = store
@@ -88,8 +121,9 @@ class Membership:
                expected_s=0.0, rate_before=math.nan):
     """Arrives at the end of `round_` with `row`; returns the Decision.
 
-    On the chief this also decides: `epoch_done` and `chief_plan` (a dict)
-    are what newcomers adopt to plan like the others; `expected_s` is how
+    On the chief this also decides: `epoch_done` and `chief_plan` (a dict,
+    or a function that makes it, called only when someone rejoins) are
+    what newcomers adopt to plan like the others; `expected_s` is how
     long the others should still take (a chief that arrives early, its data
     run out, waits that long before the straggler timeout starts). A worker
     dropped from `round_` waits to rejoin and returns the decision of the
@@ -140,7 +174,7 @@ class Membership:
     deadline = time.monotonic() + timeout
     while True:
       try:
-        return Decision.from_json(self.store.get(
+        return self._read_decision(round_, self.store.get(
             f"{PREFIX}d/{round_}", min(POLL_S, _left(deadline))))
       except KeyMissing:
         pass
@@ -162,8 +196,21 @@ class Membership:
     deadline = t0 + self.decision_timeout
     while True:
       try:
-        decision = Decision.from_json(
-            self.store.get(f"{PREFIX}d/{r}", min(POLL_S, _left(deadline))))
+        text = self.store.get(f"{PREFIX}d/{r}", min(POLL_S, _left(deadline)))
+        if self.distribution == "deltas":
+          if self.me in table_deltas.Changes(text).newcomers:
+            # A newcomer holds no snapshot: it reads the whole one, which
+            # carries the chief's plan for it.
+            decision = self._read_snapshot(r, deadline)
+            if decision is None:  # too slow even for that: ask again
+              _put(self.store, f"{PREFIX}j/{self.me}", _dump(row))
+              r += 1
+              continue
+          else:
+            r += 1
+            continue
+        else:
+          decision = Decision.decode(text)
       except KeyMissing:
         if self._try_get(f"{PREFIX}finished") is not None:
           raise WorkerLostError(
@@ -180,6 +227,66 @@ class Membership:
         self.events.append((r, "rejoined", self.me, time.monotonic() - t0))
         return decision
       r += 1
+
+  def _read_decision(self, round_, text):
+    """The Decision of `round_` from the text under its key."""
+    if self.distribution == "full":
+      return Decision.decode(text)
+    changes = table_deltas.Changes(text)
+    held = None
+    if self._snapshot_round == round_ - 1:
+      held = changes.apply(self._snapshot, self.members)
+    if held is None:  # no previous snapshot, or it differs: the whole one
+      decision = self._read_snapshot(round_, time.monotonic() +
+                                     self.decision_timeout)
+      if decision is None:
+        raise PeerTimeoutError(
+            f"worker {self.me}: the table snapshot of round {round_} is "
+            "gone from the store (this worker is too far behind).")
+      return decision
+    snapshot, members = held
+    self._snapshot, self._snapshot_round = snapshot, round_
+    return decision_codec.decision_with_array(
+        Decision, round_, members, changes.newcomers, changes.dropped,
+        snapshot.astype(np.float64), changes.epoch_done, None)
+
+  def _read_snapshot(self, round_, deadline):
+    """The whole decision of `round_` ("deltas"); None if it is gone."""
+    try:
+      text = self.store.get(f"{PREFIX}s/{round_}",
+                            max(0.001, _left(deadline)))
+    except KeyMissing:
+      return None
+    decision = Decision.decode(text)
+    self._snapshot = decision.row_array.astype(np.float32)
+    self._snapshot_round = round_
+    return decision
+
+  def _publish(self, decision):
+    """The chief writes the round's decision; returns it as the members
+    will read it."""
+    round_ = decision.round
+    if self.distribution == "full":
+      text = decision.encode()
+      self.store.set(f"{PREFIX}d/{round_}", text)
+      # The chief plans from what the members decode (float32 rows), so
+      # that its plan is theirs to the last bit.
+      return Decision.decode(text)
+    members = decision.members
+    snapshot = table_deltas.next_snapshot(self._snapshot, members, round_)
+    cells = table_deltas.changed_cells(snapshot, decision.rows, members)
+    snapshot = table_deltas.apply_cells(snapshot, cells)
+    rows = [None] * self.n
+    for j, r in zip(members, snapshot[list(members)].tolist()):
+      rows[j] = tuple(r)
+    whole = dataclasses.replace(decision, rows=tuple(rows)).encode()
+    self.store.set(f"{PREFIX}s/{round_}", whole)
+    self.store.delete(f"{PREFIX}s/{round_ - KEEP_SNAPSHOTS}")
+    self.store.set(f"{PREFIX}d/{round_}", table_deltas.encode(
+        round_, self.n, decision.epoch_done, decision.newcomers,
+        decision.dropped, cells, table_deltas.digest(snapshot)))
+    self._snapshot, self._snapshot_round = snapshot, round_
+    return Decision.decode(whole)
 
   def _try_get(self, key):
     try:
@@ -209,8 +316,9 @@ class Membership:
         rows[j] = _load(text)
         arrived.append(j)
     newcomers = []
+    was_member = set(self.members)  # a set: `in` a tuple is O(workers)
     for j in range(1, self.n):
-      if j in self.members:
+      if j in was_member:
         continue
       text = self._try_get(f"{PREFIX}j/{j}")
       if text is not None:
@@ -219,10 +327,12 @@ class Membership:
         newcomers.append(j)
     for j in arrived:  # read (or the chief's own): no longer needed
       self.store.delete(f"{PREFIX}a/{round_}/{j}")
+    if newcomers and callable(chief_plan):  # made only when needed
+      chief_plan = chief_plan()
     decision = Decision(round_, tuple(sorted(arrived + newcomers)),
                         tuple(newcomers), tuple(dropped), tuple(rows),
                         epoch_done, chief_plan if newcomers else None)
-    self.store.set(f"{PREFIX}d/{round_}", decision.to_json())
+    decision = self._publish(decision)
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
@@ -259,11 +369,11 @@ def _left(deadline):
 
 
 def _dump(row):
-  return json.dumps([float(x) for x in row], allow_nan=True)
+  return decision_codec.encode_row(row)
 
 
 def _load(text):
-  return tuple(float(x) for x in json.loads(text))
+  return decision_codec.decode_row(text)
 
 
 def _int_or(text, default):

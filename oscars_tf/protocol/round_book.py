@@ -173,14 +173,15 @@ class RoundBook:
     if self.membership is None:
       return membership_lib.Decision(self.round, (0,), (), (), (row,))
     state = self.plan.state
+    # Made only in a round with newcomers (asdict copies O(workers) groups).
+    chief_plan = lambda: {  # pylint: disable=unnecessary-lambda-assignment
+        "epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
+        "local_steps": list(self.plan.local_steps),
+        "group_keys": self.group_keys.groups,
+        "state": (dataclasses.asdict(state)
+                  if dataclasses.is_dataclass(state) else None)}
     decision = self.membership.exchange(
-        self.round, row, self.epoch_done,
-        chief_plan={"epoch_end": self.plan.epoch_end,
-                    "epoch": self.epoch_index,
-                    "local_steps": list(self.plan.local_steps),
-                    "group_keys": self.group_keys.groups,
-                    "state": (dataclasses.asdict(state)
-                              if dataclasses.is_dataclass(state) else None)},
+        self.round, row, self.epoch_done, chief_plan=chief_plan,
         expected_s=self._others_still_due_s(),
         rate_before=self._rate_before)
     if decision.round != self.round:  # dropped, now let back in
@@ -190,9 +191,13 @@ class RoundBook:
   def _rows(self, decision):
     """The decision's rows as an n x ROW array (NaN where none)."""
     rows = np.full([self.n, ROW], np.nan)
-    for j, r in enumerate(decision.rows):
-      if r is not None:
-        rows[j, :len(r)] = r[:ROW]
+    if decision.row_array is not None:  # decoded whole from the store
+      width = min(ROW, decision.row_array.shape[1])
+      rows[:, :width] = decision.row_array[:, :width]
+    else:
+      for j, r in enumerate(decision.rows):
+        if r is not None:
+          rows[j, :len(r)] = r[:ROW]
     # A rejoiner's rate (measured before its stall) is its speed now: as of
     # this round, or the planner would take it for stale and plan it at the
     # median after a long stall.
@@ -219,8 +224,9 @@ class RoundBook:
     exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
     self.plan, self._epoch_agreed = plan_changes.with_arrivals(
         self.plan, decision.members, steps, exhausted, self._weighting)
-    healthy = [j in decision.members and rows[j, FIELD_HEALTHY] > 0.5
-               for j in range(self.n)]
+    is_member = np.zeros(self.n, bool)  # not `in` a tuple: O(workers^2)
+    is_member[list(decision.members)] = True
+    healthy = (is_member & (rows[:, FIELD_HEALTHY] > 0.5)).tolist()
     self._poisoned = [j for j in decision.members if not healthy[j]]
     if self._poisoned:
       logging.warning(
@@ -228,7 +234,8 @@ class RoundBook:
           "weights; averaging without them, and they take the group's model",
           self.me, self.round, self._poisoned)
     # Newcomers, like poisoned members, add nothing and take the model.
-    sound = [ok and j not in decision.newcomers for j, ok in enumerate(healthy)]
+    newcomers = set(decision.newcomers)
+    sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
     round_parts.register_groups(self.group_keys, self.plan, self.hosts,
                                 self.members)
     return round_parts.part_of(
@@ -294,9 +301,10 @@ class RoundBook:
         logging.warning("oscars_tf: summaries failed (training goes on): %s",
                         e)
     self._log_changes()
-    logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
-                 self.me, self.round, self.plan.digest(),
-                 list(self.plan.local_steps), list(self.plan.groups))
+    if logging.vlog_is_on(1):  # its arguments are O(workers) to make
+      logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
+                   self.me, self.round, self.plan.digest(),
+                   list(self.plan.local_steps), list(self.plan.groups))
     self._publish(table, now)
     self.last_sync_step = step
     self._t_round_start = time.monotonic()

@@ -1,0 +1,116 @@
+"""Compact binary forms of a round's rows and decisions. No TensorFlow.
+
+Per-worker JSON cost the chief most of its round at 1,000 workers
+(dataclasses.asdict and json over every row), so rows and decisions travel
+as packed little-endian numbers: a fixed header (struct), the member lists
+as int32 arrays, the members' rows as one float32 array (members x width);
+the chief's plan for newcomers (rare, a small dict) stays JSON.
+
+The coordination service's Python API returns values decoded as UTF-8
+(context.get_config_key_value), so arbitrary bytes cannot be stored: every
+value is base64 text (4/3 of the bytes, still far below the JSON).
+
+Every member decodes the same text, so all hold the same float32 values;
+the chief plans from the decoded decision too (membership.py), never from
+the float64 rows it read, or its plan would differ in the last bits.
+"""
+
+import base64
+import binascii
+import json
+import struct
+
+import numpy as np
+
+ROW_DTYPE = np.dtype("<f4")
+ID_DTYPE = np.dtype("<i4")
+# magic, round, workers, epoch_done, members, newcomers, dropped, row width,
+# chief-plan bytes
+_HEADER = struct.Struct("<4sqiqiiiii")
+_MAGIC = b"ocd1"
+
+
+def encode_row(row):
+  """A worker's table row (floats, NaN allowed) as store text."""
+  return base64.b64encode(np.asarray(row, "<f8").tobytes()).decode("ascii")
+
+
+def decode_row(text):
+  """The row `encode_row` wrote, as a tuple of floats."""
+  raw = binascii.a2b_base64(text)  # the chief decodes one per member:
+  return struct.unpack(f"<{len(raw) // 8}d", raw)  # no numpy per row
+
+
+def encode_decision(decision):
+  """`decision` (membership.Decision) as compact store text."""
+  return base64.b64encode(decision_bytes(decision)).decode("ascii")
+
+
+def decision_bytes(decision):
+  members = np.asarray(decision.members, ID_DTYPE)
+  width = max((len(decision.rows[j]) for j in decision.members
+               if decision.rows[j] is not None), default=0)
+  listed = [decision.rows[j] for j in decision.members]
+  if all(r is not None and len(r) == width for r in listed):
+    rows = np.array(listed, ROW_DTYPE).reshape(len(members), width)
+  else:  # rows of different lengths: one at a time, NaN-padded
+    rows = np.full((len(members), width), np.nan, ROW_DTYPE)
+    for i, r in enumerate(listed):
+      if r is not None:
+        rows[i, :len(r)] = r
+  plan = (b"" if decision.chief_plan is None else
+          json.dumps(decision.chief_plan, allow_nan=True).encode())
+  return b"".join((
+      _HEADER.pack(_MAGIC, decision.round, len(decision.rows),
+                   decision.epoch_done, len(members),
+                   len(decision.newcomers), len(decision.dropped), width,
+                   len(plan)),
+      members.tobytes(), np.asarray(decision.newcomers, ID_DTYPE).tobytes(),
+      np.asarray(decision.dropped, ID_DTYPE).tobytes(), rows.tobytes(),
+      plan))
+
+
+def decode_decision(text, decision_type):
+  """The decision `encode_decision` wrote, as a `decision_type`
+  (membership.Decision) whose `row_array` holds the rows as one n x width
+  float64 array (NaN for non-members)."""
+  return decision_from_bytes(base64.b64decode(text), decision_type)
+
+
+def decision_from_bytes(data, decision_type):
+  (magic, round_, n, epoch_done, m, k, d, width,
+   plan_len) = _HEADER.unpack_from(data)
+  if magic != _MAGIC:
+    raise ValueError(f"not a compact decision (magic {magic!r})")
+  at = _HEADER.size
+
+  def take(count, dtype):
+    nonlocal at
+    out = np.frombuffer(data, dtype, count, at)
+    at += count * dtype.itemsize
+    return out
+  members = take(m, ID_DTYPE)
+  newcomers = take(k, ID_DTYPE)
+  dropped = take(d, ID_DTYPE)
+  member_rows = take(m * width, ROW_DTYPE).reshape(m, width)
+  plan = json.loads(data[at:at + plan_len]) if plan_len else None
+  table = np.full((n, width), np.nan)
+  table[members] = member_rows
+  return decision_with_array(decision_type, round_, members, newcomers,
+                             dropped, table, epoch_done, plan)
+
+
+def decision_with_array(decision_type, round_, members, newcomers, dropped,
+                        table, epoch_done, plan):
+  """A `decision_type` over `table` (n x width, NaN rows for non-members):
+  `rows` as tuples for callers that index them, `row_array` kept whole."""
+  members = tuple(int(j) for j in members)
+  listed = table[list(members)].tolist()
+  rows = [None] * len(table)
+  for j, r in zip(members, listed):
+    rows[j] = tuple(r)
+  return decision_type(
+      round=int(round_), members=members,
+      newcomers=tuple(int(j) for j in newcomers),
+      dropped=tuple(int(j) for j in dropped), rows=tuple(rows),
+      epoch_done=int(epoch_done), chief_plan=plan, row_array=table)

@@ -1,0 +1,195 @@
+"""The compact decision (decision_codec.py) and its distribution as table
+changes (table_deltas.py, Membership(distribution="deltas")) on an
+in-memory store: round trips, agreement under deaths and rejoins, and the
+bytes that leave the chief per round."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fake_store import FakeStore, run_threads as _run
+
+from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import membership
+from oscars_tf.protocol import table_deltas
+
+
+class CountingStore(FakeStore):
+  """Counts the bytes `get` returns: what leaves the chief (its host)."""
+
+  def __init__(self):
+    super().__init__()
+    self.bytes_out = 0
+
+  def get(self, key, timeout_s):
+    value = super().get(key, timeout_s)
+    self.bytes_out += len(value)
+    return value
+
+
+def _row(worker, round_, rate=None):
+  # rate, round, loss, divergence, lr, steps, healthy, exhausted, sync_cost
+  return [rate or 10.0 + worker, round_, 1.0, math.nan, 0.1, 8.0, 1.0, 0.0,
+          0.01]
+
+
+def test_a_decision_survives_the_compact_form_with_nan_and_missing_rows():
+  d = membership.Decision(7, (0, 2, 3), (3,), (1,),
+                          ((1.5, 7.0, math.nan), None, (2.25, 7.0, 0.5),
+                           (4.0, 6.0, 1.0)), 123,
+                          {"local_steps": [1, 2, 3, 4], "epoch": 2})
+  back = membership.Decision.decode(d.encode())
+  assert (back.round, back.members, back.newcomers, back.dropped,
+          back.epoch_done, back.chief_plan) == (
+              7, (0, 2, 3), (3,), (1,), 123, d.chief_plan)
+  assert back.rows[1] is None and math.isnan(back.rows[0][2])
+  assert back.rows[2] == (2.25, 7.0, 0.5)
+  assert back.row_array.shape == (4, 3) and np.isnan(back.row_array[1]).all()
+  # Text the coordination service can hold (its Python API decodes UTF-8).
+  assert d.encode().isascii()
+  # Packed: 4 bytes a cell (base64: 4/3 of that), no JSON per worker.
+  n = 1000
+  big = membership.Decision(1, tuple(range(n)), (), (),
+                            tuple(tuple(_row(j, 1)) for j in range(n)))
+  assert len(big.encode()) < 4 / 3 * (4 * 9 * n + 4 * n) + 100
+
+
+def test_a_row_survives_its_compact_form_exactly():
+  row = [12.345678901234, 3.0, math.nan, 1e-9, 0.1]
+  back = decision_codec.decode_row(decision_codec.encode_row(row))
+  assert back[0] == row[0] and math.isnan(back[2]) and back[3] == 1e-9
+
+
+def test_changes_within_tolerance_are_not_sent_and_every_holder_agrees():
+  n = 5
+  prev = table_deltas.empty(n)
+  members = tuple(range(n))
+  rows = [tuple(_row(j, 0)) for j in range(n)]
+  snap0 = table_deltas.next_snapshot(prev, members, 0)
+  cells = table_deltas.changed_cells(snap0, rows, members)
+  assert len(cells) == n * (table_deltas.WIDTH - 2)  # all but round, NaN
+  snap0 = table_deltas.apply_cells(snap0, cells)
+  # Round 1: worker 2's rate moves 1 % (kept), worker 3's 10 % (sent).
+  rows = [tuple(_row(j, 1)) for j in range(n)]
+  rows[2] = tuple(_row(2, 1, rate=12.0 * 1.01))
+  rows[3] = tuple(_row(3, 1, rate=13.0 * 1.10))
+  snap1 = table_deltas.next_snapshot(snap0, members, 1)
+  cells = table_deltas.changed_cells(snap1, rows, members)
+  assert [(c["worker"], c["field"]) for c in cells] == [(3, 0)]
+  snap1 = table_deltas.apply_cells(snap1, cells)
+  text = table_deltas.encode(1, n, 0, (), (), cells,
+                             table_deltas.digest(snap1))
+  held, held_members = table_deltas.Changes(text).apply(snap0, members)
+  np.testing.assert_array_equal(held, snap1)
+  assert held_members == members
+  # A holder whose snapshot differs finds out (and reads the whole one).
+  wrong = snap0.copy()
+  wrong[4, 0] += 1
+  assert table_deltas.Changes(text).apply(wrong, members) is None
+
+
+def _workers(store, n, straggler=0.3, distribution="deltas"):
+  return [membership.Membership(store, i, n, straggler, 5.0,
+                                first_round_timeout=straggler,
+                                distribution=distribution)
+          for i in range(n)]
+
+
+def _same(decisions):
+  first = decisions[0]
+  for d in decisions[1:]:
+    assert (d.round, d.members, d.newcomers, d.dropped) == (
+        first.round, first.members, first.newcomers, first.dropped)
+    np.testing.assert_array_equal(d.row_array, first.row_array)
+
+
+def test_deltas_agree_through_a_death_and_a_rejoin():
+  store = FakeStore()
+  ws = _workers(store, 4)
+  out, errors = _run([lambda w=w: w.exchange(0, _row(w.me, 0)) for w in ws])
+  assert errors == [None] * 4
+  _same(out)
+  # Round 1: worker 3 is late (dropped); it rejoins at round 2.
+  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me, 1))
+                      for w in ws[:3]])
+  assert errors == [None] * 3 and out[0].dropped == (3,)
+  _same(out)
+  assert math.isnan(out[0].row_array[3, 0])  # a non-member has no row
+  late = []
+
+  def rejoiner():
+    store.wait_for_key(f"{membership.PREFIX}d/1")
+    late.append(ws[3].exchange(1, _row(3, 1), rate_before=20.0))
+  _, errors = _run([rejoiner] + [
+      lambda w=w: (store.wait_for_key(f"{membership.PREFIX}j/3"),
+                   w.exchange(2, _row(w.me, 2)))[1] for w in ws[:3]])
+  assert errors == [None] * 4, errors
+  assert late[0].round == 2 and late[0].newcomers == (3,)
+  assert late[0].row_array[3, 0] == 20.0  # its rate from before the stall
+  # Round 3: everyone, the rejoiner from the whole snapshot it read.
+  out, errors = _run([lambda w=w: w.exchange(3, _row(w.me, 3)) for w in ws])
+  assert errors == [None] * 4
+  _same(out)
+  assert out[0].members == (0, 1, 2, 3) and out[3].row_array[3, 0] == 13.0
+  # The rows are those of the full distribution, within the tolerance.
+  full = _workers(FakeStore(), 4, distribution="full")
+  ref, _ = _run([lambda w=w: w.exchange(0, _row(w.me, 3)) for w in full])
+  np.testing.assert_allclose(out[0].row_array[:3, 0], ref[0].row_array[:3, 0])
+
+
+@pytest.mark.parametrize("distribution,bound", [("full", None),
+                                                ("deltas", 64_000)])
+def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
+                                                          bound):
+  # 1,024 members whose rows stay within tolerance: with deltas, about a
+  # header per member per round leaves the chief; the whole decision (the
+  # "full" distribution) is N² numbers.
+  n = 1024
+  store = CountingStore()
+  chief = membership.Membership(store, 0, n, 5.0, 5.0,
+                                distribution=distribution)
+  reader = membership.Membership(store, 1, n, 5.0, 5.0,
+                                 distribution=distribution)
+  per_round = []
+  for r in range(3):
+    for j in range(1, n):
+      store.set(f"{membership.PREFIX}a/{r}/{j}",
+                decision_codec.encode_row(_row(j, r)))
+    store.bytes_out = 0
+    decision = chief.exchange(r, _row(0, r))
+    arrivals = store.bytes_out
+    # Every other member reads the round's decision; worker 1 for real.
+    held = reader._await(r, 1.0)  # pylint: disable=protected-access
+    reader.members = held.members
+    for _ in range(2, n):
+      store.get(f"{membership.PREFIX}d/{r}", 1.0)
+    per_round.append(store.bytes_out - arrivals)
+    assert held.members == decision.members
+    np.testing.assert_array_equal(held.row_array, decision.row_array)
+  if bound is None:
+    assert per_round[-1] > 30e6  # O(N²): why deltas exist
+  else:
+    assert per_round[-1] <= bound, per_round
+
+
+def test_the_table_from_an_array_is_the_table_made_row_by_row():
+  # records.StepRateTable.from_rows converts column by column; rows of
+  # different lengths still go one at a time: the same entries either way.
+  from oscars_tf.policy import records  # pylint: disable=g-import-not-at-top
+  rows = [_row(j, 3) for j in range(4)]
+  rows[1][1] = math.nan   # no round: -1
+  rows[2][5] = 7.9        # steps truncate as int() does
+  rows[3][6] = math.nan   # not healthy
+  hosts = ("a", "a", "b", "b")
+  whole = records.StepRateTable.from_rows(np.array(rows), hosts)
+  ragged = records.StepRateTable.from_rows(rows + [[1.0, 2.0]],
+                                           hosts + ("c",))
+  assert list(map(repr, whole.entries)) == list(map(repr, ragged.entries[:4]))
+  assert [e.round for e in whole.entries] == [3, -1, 3, 3]
+  assert whole.entries[2].steps == 7 and not whole.entries[3].healthy
+  short = records.StepRateTable.from_rows(np.array([r[:8] for r in rows]),
+                                          hosts)
+  assert all(math.isnan(e.sync_cost) for e in short.entries)
+  assert ragged.entries[4].round == 2 and math.isnan(
+      ragged.entries[4].sync_cost)
