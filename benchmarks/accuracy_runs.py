@@ -118,11 +118,17 @@ def pyplot():
   return plt
 
 
+# One colour per strategy in every panel (matplotlib's default cycle).
+COLOURS = {"sync_tf": "C0", "ps": "C1", "local_sgd": "C2", "oscars": "C3",
+           "oscars_bf16": "C4", "async_ps": "C5"}
+
+
 def plot_accuracy(ax, rows, target, title):
   """Each row's accuracy curve against training time, the target dotted."""
   for r in rows:
     t, a = zip(*r["curve"]) if r["curve"] else ((), ())
-    ax.plot(t, a, marker="o", markersize=3, label=r["strategy"])
+    ax.plot(t, a, marker="o", markersize=3, label=r["strategy"],
+            color=COLOURS.get(r["strategy"]))
   ax.axhline(target, color="grey", linestyle=":")
   ax.set_title(title)
   ax.set_xlabel("training time (s)")
@@ -137,6 +143,7 @@ def plot_per_worker(ax, rows, key, label, scale=1.0):
   for i, r in enumerate(rows):
     values = [v * scale for v in r[key]]
     ax.bar([w + i * width for w in range(len(values))], values, width,
+           color=COLOURS.get(r["strategy"]),
            label=r["strategy"])
   n = len(rows[0][key]) if rows else 0
   ax.set_xticks([w + 0.4 - width / 2 for w in range(n)])

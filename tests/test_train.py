@@ -203,22 +203,28 @@ def test_compare_prints_both_runs():
     assert 0.5 < accuracy <= 1.0, row
 
 
-def test_parameter_server_baseline_under_the_launcher(tmp_path):
-  # oscars-launch starts the chief, 2 worker and 1 ps tasks; the job ends
-  # when the chief is done. Worker 1 is SIMULATED 4x slower, so the
-  # asynchronous workers take unequal steps.
+def _ps_job(tmp_path, simulate, *train_flags):
+  """A 2-worker, 1-ps job of train.py under the launcher: (process, the
+  chief's result)."""
   result = tmp_path / "ps.json"
   proc = subprocess.run(
       [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
        "--num_ps=1", "--grace_seconds=3", "--timeout=400",
-       "--simulate_step_time=10ms*1,4", "--", sys.executable, TRAIN,
-       "--strategy=parameter_server", "--epochs=2", "--dataset=digits",
-       "--model=mlp", f"--result_json={result}"],
+       f"--simulate_step_time={simulate}", "--", sys.executable, TRAIN,
+       "--strategy=parameter_server", "--dataset=digits", "--model=mlp",
+       f"--result_json={result}", *train_flags],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       timeout=460, env=multiworker.worker_env(), check=False)
   assert proc.returncode == 0, proc.stdout[-4000:]
+  return proc, json.loads(result.read_text())
+
+
+def test_parameter_server_baseline_under_the_launcher(tmp_path):
+  # oscars-launch starts the chief, 2 worker and 1 ps tasks; the job ends
+  # when the chief is done. Worker 1 is SIMULATED 4x slower, so the
+  # asynchronous workers take unequal steps.
+  proc, r = _ps_job(tmp_path, "10ms*1,4", "--epochs=2")
   assert "the chief finished; stopped the 2 worker and 1 ps" in proc.stdout
-  r = json.loads(result.read_text())
   print(f"parameter_server: test accuracy {r['test_accuracy']:.4f}, steps "
         f"{[w['steps'] for w in r['per_worker']]}")
   assert r["strategy"] == "parameter_server" and r["workers"] == 2
@@ -242,17 +248,8 @@ def test_parameter_server_baseline_under_the_launcher(tmp_path):
 def test_parameter_server_stops_mid_epoch_at_max_train_seconds(tmp_path):
   # 45 steps an epoch at 20 + 5 steps/s (SIMULATED 50 ms, 200 ms): about
   # 1.8 s each; a 0.5 s cap stops the first epoch part-way.
-  result = tmp_path / "ps.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
-       "--num_ps=1", "--grace_seconds=3", "--timeout=400",
-       "--simulate_step_time=50ms*1,4", "--", sys.executable, TRAIN,
-       "--strategy=parameter_server", "--epochs=3", "--dataset=digits",
-       "--model=mlp", "--max_train_seconds=0.5", f"--result_json={result}"],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      timeout=460, env=multiworker.worker_env(), check=False)
-  assert proc.returncode == 0, proc.stdout[-4000:]
-  r = json.loads(result.read_text())
+  _, r = _ps_job(tmp_path, "50ms*1,4", "--epochs=3",
+                 "--max_train_seconds=0.5")
   assert [c["epoch"] for c in r["curve"]] == [1], r["curve"]
   assert 1 < r["optimizer_step"] < 45, r["optimizer_step"]
   # Past the cap by at most the steps queued then (4 per worker).
