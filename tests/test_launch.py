@@ -1,5 +1,6 @@
 """Tests for oscars-launch (the launcher imports no TensorFlow)."""
 
+import io
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import pytest
 
 from oscars_tf import launch
 from oscars_tf.tools import netns
+from oscars_tf.tools import worker_processes
 
 LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
 WORKER = ("import json, os, sys, time; "
@@ -412,3 +414,11 @@ def test_workers_start_with_tensorflow_logging_quiet(environ, args,
   assert proc.returncode == 0, proc.stderr
   for i in range(2):
     assert f"[{i}] env {expected}" in proc.stdout, proc.stdout
+
+
+def test_a_line_cut_off_by_a_killed_worker_is_ended():
+  # A worker killed mid-print leaves a partial line: the launcher ends it,
+  # so the next attempt's first line is not glued to it.
+  out = io.StringIO()
+  worker_processes._pump(io.BytesIO(b"first\nCGROUP"), "[1] ", out)  # pylint: disable=protected-access
+  assert out.getvalue() == "[1] first\n[1] CGROUP\n"

@@ -86,7 +86,9 @@ def _prefix(kind, index):
 
 def _pump(stream, prefix, out):
   for line in iter(stream.readline, b""):
-    out.write(prefix + line.decode(errors="replace"))
+    # A worker killed mid-line: end its line, so the next one keeps its own.
+    out.write(prefix + line.decode(errors="replace") +
+              ("" if line.endswith(b"\n") else "\n"))
     out.flush()
   stream.close()
 
