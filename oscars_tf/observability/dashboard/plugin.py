@@ -137,34 +137,30 @@ class OscarsPlugin(base_plugin.TBPlugin):
       self._cache[name] = (fingerprint, job, sampled)
     return (job, sampled), None
 
-  @wrappers.Request.application
-  def _serve_job(self, request):
+  def _respond_with_view(self, request, make_view):
+    """The job the request names, through make_view(job), as JSON marked
+    whether TensorBoard kept only a sample of its rounds."""
     found, error = self._job(request)
     if error:
       return error
     job, sampled = found
-    return _json(request, dict(views.summary(job), sampled=sampled))
+    return _json(request, dict(make_view(job), sampled=sampled))
+
+  @wrappers.Request.application
+  def _serve_job(self, request):
+    return self._respond_with_view(request, views.summary)
 
   @wrappers.Request.application
   def _serve_timeline(self, request):
-    found, error = self._job(request)
-    if error:
-      return error
-    job, sampled = found
-    view = views.timeline(job, _number(request, "t0"),
-                          _number(request, "t1"),
-                          int(_number(request, "width") or 1000))
-    return _json(request, dict(view, sampled=sampled))
+    return self._respond_with_view(request, lambda job: views.timeline(
+        job, _number(request, "t0"), _number(request, "t1"),
+        int(_number(request, "width") or 1000)))
 
   @wrappers.Request.application
   def _serve_charts(self, request):
-    found, error = self._job(request)
-    if error:
-      return error
-    job, sampled = found
-    view = views.charts(job, _number(request, "t0"), _number(request, "t1"),
-                        int(_number(request, "width") or 600))
-    return _json(request, dict(view, sampled=sampled))
+    return self._respond_with_view(request, lambda job: views.charts(
+        job, _number(request, "t0"), _number(request, "t1"),
+        int(_number(request, "width") or 600)))
 
 
 def root_name(logdir):
