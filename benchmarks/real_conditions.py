@@ -30,9 +30,10 @@ strategy, one real multi-process job after another:
 
 By default each profile runs the baselines its goals need: sync_tf, ps and
 oscars everywhere, local_sgd in cpu_uneven, oscars_bf16 where links are
-slow (--strategies: one list for every profile). CPU quotas apply once a
-worker has started (--cpu_limit_from=ready), so start-up under 0.18 CPU
-does not cost minutes; everything timed runs under them.
+slow (--strategies: one list for every profile). CPU quotas apply at each
+worker's first training step (--cpu_limit_from=ready), where every
+strategy's clock starts, so start-up and tracing under 0.18 CPU do not cost
+minutes; everything timed runs under them.
 
 How it measures: see heterogeneous.py (the accuracy curve of the averaged
 model after every epoch, training time after the first step, time to

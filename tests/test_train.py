@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from oscars_tf import data
+import fake_cgroups
 import multiworker
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
@@ -254,6 +255,30 @@ def test_parameter_server_stops_mid_epoch_at_max_train_seconds(tmp_path):
   assert 1 < r["optimizer_step"] < 45, r["optimizer_step"]
   # Past the cap by at most the steps queued then (4 per worker).
   assert 0.5 <= r["curve"][0]["train_time_s"] < 0.5 + 8 * 0.2 + 1.0, r
+
+
+@pytest.mark.parametrize("strategy", ["oscars", "multi_worker_mirrored"])
+def test_cpu_limit_from_ready_applies_at_the_first_training_step(
+    tmp_path, strategy):
+  # Start-up and tracing run unlimited; the quota holds from the step where
+  # every strategy's clock starts (a synchronous first step waits for the
+  # slowest worker's tracing; Oscars' would not, and was charged for it).
+  fake_cgroups.real_base()  # skips without usable cgroups
+  result = tmp_path / "limited.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
+       "--cpu_limit=1,0.5", "--cpu_limit_from=ready", "--timeout=300", "--",
+       sys.executable, TRAIN, f"--strategy={strategy}", "--dataset=digits",
+       "--model=mlp", "--epochs=1", f"--result_json={result}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=360, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "never applied its CPU limit" not in proc.stdout
+  workers = json.loads(result.read_text())["per_worker"]
+  assert [w["cpu_limit"] for w in workers] == [1.0, 0.5]
+  assert [w["limited_from_step"] for w in workers] == [1, 1], workers
+  # The local step is timed after training, under the quota.
+  assert all(w["real_step_s"] > 0 for w in workers)
 
 
 def test_parameter_server_outside_its_cluster_says_how_to_launch_it():
