@@ -295,7 +295,14 @@ class Adaptive(Schedule):
     grouping: "host" (default), "speed" or "global". Groups change only
       when the table really does (a worker whose speed changed moves; rate
       noise moves no one), so a run makes few distinct groups.
-    max_group_size: None (no bound) or an int >= 2.
+    max_group_size: None (default: at most 64 members,
+      planner.DEFAULT_MAX_GROUP_SIZE, which keeps a ring all-reduce's
+      2(N-1) latencies near 0.1 s) or an int >= 2. A global sync is not
+      bound by it: it goes host by host.
+    max_groupings: None (default: 16) or an int >= 1: the most distinct
+      groupings a run makes; past them a regroup reuses the best fitting
+      one made before, so drifting rates never make new collective groups
+      (and NCCL communicators, which TensorFlow keeps) for ever.
     global_every: 4, rounds between global syncs (when groups are smaller
       than the cluster); adapted within [1, max_global_every=64] when
       `adaptive_global`, from the divergence measured at each global sync
@@ -319,6 +326,7 @@ class Adaptive(Schedule):
 
   def __init__(self, period_rule=None, initial_period=16, min_period=1,
                max_period=256, grouping="host", max_group_size=None,
+               max_groupings=None,
                global_every=4, adaptive_global=True, max_global_every=64,
                divergence_low=0.005, divergence_high=0.05, weighting="work",
                straggler_ratio=0.25, max_staleness=3, max_overshoot=None):
@@ -347,6 +355,8 @@ class Adaptive(Schedule):
       raise ValueError(f"Adaptive: `weighting` must be one of {WEIGHTINGS}, "
                        f"got {weighting!r}.")
     self.grouping, self.max_group_size = grouping, max_group_size
+    self.max_groupings = (None if max_groupings is None else _positive_int(
+        "max_groupings", max_groupings, "Adaptive"))
     self.global_every = _positive_int("global_every", global_every, "Adaptive")
     self.max_global_every = _positive_int("max_global_every",
                                           max_global_every, "Adaptive")

@@ -34,8 +34,8 @@ SLOW_MODULES = frozenset({
     "test_cpu_limit_from_ready", "test_cpu_limits", "test_faults", "test_frontends",
     "test_frontends_keras3", "test_launch", "test_launch_emulated",
     "test_launch_ps", "test_multiworker", "test_netns", "test_observability",
-    "test_poison", "test_random_faults", "test_recovery", "test_tf_tutorials",
-    "test_train"})
+    "test_poison", "test_random_faults", "test_recovery",
+    "test_scale_sixteen", "test_tf_tutorials", "test_train"})
 
 
 def pytest_collection_modifyitems(items):

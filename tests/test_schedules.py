@@ -221,6 +221,7 @@ def test_a_row_without_a_sync_cost_reads_as_unmeasured():
     ({"grouping": "rack"}, "grouping"),
     ({"weighting": "loss"}, "weighting"),
     ({"max_group_size": 1}, "max_group_size"),
+    ({"max_groupings": 0}, "max_groupings"),
     ({"initial_period": 0}, "initial_period"),
     ({"min_period": 8, "initial_period": 4}, "min_period <="),
     ({"straggler_ratio": -1}, "straggler_ratio"),

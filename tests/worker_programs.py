@@ -96,6 +96,22 @@ class _Projector:
     return (self.p @ _flat(model).astype(np.float64)).tolist()
 
 
+def _die_mid_round(strategy, params):
+  """kill -9 of this worker while it computes: between its round's second
+  step and its last, so no averaging collective or round decision that
+  needs it is in flight (a death inside a collective takes the restart
+  path, README Reliability). A file marks the moment for the test."""
+  import signal  # pylint: disable=g-import-not-at-top
+  history = strategy.round_history
+  done = strategy.stats()["local_step"] - (
+      history[-1]["end_step"] if history else 0)
+  if 2 <= done < strategy.plan.local_steps[strategy.worker_index] - 1:
+    path = os.path.join(params["outdir"], f"died_{strategy.worker_index}")
+    with open(path, "w") as f:
+      f.write(f"{time.time()} {done}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def fit(params):
   strategy = _setup(params)
   import keras  # pylint: disable=g-import-not-at-top
@@ -138,6 +154,9 @@ def fit(params):
 
     def on_train_batch_begin(self, batch, logs=None):
       self._t = time.perf_counter()
+      victim, from_epoch = params.get("die_mid_round", (None, 0))
+      if me == victim and self._epoch >= from_epoch:
+        _die_mid_round(strategy, params)
       if getattr(self, "_first", False):
         gaps.append(self._t - self._epoch_t)
         self._first = False

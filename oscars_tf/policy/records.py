@@ -95,6 +95,12 @@ class PlannerState:
   rounds_since_global: int = 0
   initial_loss: float = math.nan
   groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
+  # Every distinct non-global grouping made so far, in the order made (at
+  # most the schedule's `max_groupings`: planner.stable_groups). Left out
+  # of the digest: up to 16 x workers ints hashed every round would cost
+  # the chief ~0.1 s at 10,000 workers; the groups they yield are in it.
+  groupings: Tuple[Tuple[Tuple[int, ...], ...], ...] = dataclasses.field(
+      default=(), metadata={"digest": False})
   previous_global: bool = False  # the round before the last was global
   sync_cost: float = math.nan  # smoothed seconds an averaging point costs
   base_period: float = math.nan  # CostAware's base rule's own period
@@ -153,6 +159,8 @@ def _hash_into(h, value):
   JSON took most of a second)."""
   if dataclasses.is_dataclass(value):
     for f in dataclasses.fields(value):
+      if not f.metadata.get("digest", True):
+        continue
       h.update(f.name.encode() + b"=")
       _hash_into(h, getattr(value, f.name))
   elif isinstance(value, (tuple, list)):
