@@ -226,12 +226,12 @@ def main(argv):
         limit = cpu_limits.apply_pending()
       except cpu_limits.CpuLimitError as e:
         sys.exit(f"train.py: {e}")
-      if limit is not None:
-        clock["cpu_limit"] = limit
-        clock["limited_from_step"] = int(model.optimizer.iterations.numpy())
       clock["start"] = time.monotonic()
       clock["first_step_at"] = time.time()  # to measure a restart's cost
       clock["steps0"] = int(model.optimizer.iterations.numpy())
+      if limit is not None:
+        clock["cpu_limit"] = limit
+        clock["limited_from_step"] = clock["steps0"]
 
   def train_time():
     if clock["start"] is None:
@@ -253,8 +253,8 @@ def main(argv):
       curve.append({"epoch": epoch + 1, "train_time_s": clock["end"],
                     "loss": float(loss), "test_accuracy": accuracy,
                     "test_loss": test_loss})
-    if FLAGS.checkpoint_dir and is_chief:
-      checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1, strategy)
+      if FLAGS.checkpoint_dir:
+        checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1, strategy)
     if not is_chief or _uses_custom_loop():
       tested = "" if accuracy is None else f"test accuracy {accuracy:.4f}, "
       print(f"{who} epoch {epoch + 1}/{FLAGS.epochs}: loss {loss:.4f}, "
