@@ -55,9 +55,10 @@ flags.DEFINE_integer("fault_round", 5, "The round the faults happen in.")
 flags.DEFINE_integer("seed", 0, "Seed of the rates and the faults.")
 flags.DEFINE_enum("grouping", "speed", ["speed", "host", "global"],
                   "The Adaptive schedule's grouping.")
-flags.DEFINE_enum("distribution", "full", list(membership.DISTRIBUTIONS),
-                  "How members get the round's table: the whole decision, "
-                  "or the changes to the snapshot they hold.")
+flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
+                 list(membership.DISTRIBUTIONS),
+                 "How members get the round's table: the changes to the "
+                 "snapshot they hold (the default), or the whole decision.")
 flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
                    "noise on the light clients' reported rates and losses "
                    "(0: each reports its true rate every round).")
@@ -149,6 +150,7 @@ def measure(n, rng):
     books[j].publish = False
   chief = books[0]
   rows = []
+  first_round_bytes = None
   members = set(range(n))
   for r in range(FLAGS.rounds):
     plan = chief.plan
@@ -219,6 +221,8 @@ def measure(n, rng):
         records.TableEntry(rate=x, round=r) for x in rates), hosts), r + 1,
         chief.plan.state)
     plan_ms = 1e3 * (time.perf_counter() - t0)
+    if r == 0:  # every member reads every row once: N² whichever way
+      first_round_bytes = store.bytes_out - out0
     if r >= 2:
       rows.append({
           "chief_cpu_ms": 1e3 * cpu[0],
@@ -231,7 +235,8 @@ def measure(n, rng):
           "live_keys": len(store.data), "plan_ms": plan_ms,
           "utilization": util, "members": len(decision.members),
           "dropped": len(decision.dropped),
-          "rejoined": len(decision.newcomers)})
+          "rejoined": len(decision.newcomers),
+          "first_round_bytes": first_round_bytes})
   return rows
 
 
@@ -247,6 +252,7 @@ def summarize(n, rows):
           "bytes_out_of_chief_mb_max": max(
               r["bytes_out_of_chief"] for r in rows) / 1e6,
           "decision_kb": med("decision_bytes") / 1e3,
+          "first_round_mb": rows[0]["first_round_bytes"] / 1e6,
           "live_keys_max": max(r["live_keys"] for r in rows),
           "plan_ms": med("plan_ms"),
           "utilization": med("utilization"),
@@ -264,7 +270,8 @@ def main(argv):
         f"{FLAGS.distribution}, noise={FLAGS.noise})")
   head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
           f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
-          f"{'util':>6} {'drop/rejoin':>11}")
+          f"{'util':>6} {'drop/rejoin':>11} {'max MB':>8} "
+          f"{'round 0 MB':>10}")
   print(head)
   print("-" * len(head))
   results = []
@@ -275,7 +282,9 @@ def main(argv):
           f"{s['kv_ops']:>8.0f} {s['bytes_out_of_chief_mb']:>8.2f} "
           f"{s['decision_kb']:>11.1f} {s['live_keys_max']:>6} "
           f"{s['plan_ms']:>8.1f} {s['utilization']:>6.3f} "
-          f"{s['dropped']:>5}/{s['rejoined']:<5}", flush=True)
+          f"{s['dropped']:>5}/{s['rejoined']:<5} "
+          f"{s['bytes_out_of_chief_mb_max']:>8.2f} "
+          f"{s['first_round_mb']:>10.1f}", flush=True)
   if FLAGS.result_json:
     with open(FLAGS.result_json, "w", encoding="utf-8") as f:
       json.dump({"heterogeneity": "SIMULATED", "flags": {

@@ -178,6 +178,35 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
   assert kinds == {"global", "host"}
 
 
+def test_four_hosts_in_racks_of_two_average_in_three_levels():
+  """Issue 14: four hosts (127.0.0.1 to .4, a worker each) and a group
+  bound of 2: the host leaders go in two racks of two, and a global sync
+  is the racks' sums, the rack leaders' sum, and back down. If a level
+  were skipped or not sent back, the racks would differ after a sync."""
+  result = multiworker.run(
+      "fit", 4, dict(COMMON, epochs=2, record=True, validate=False,
+                     adaptive={"global_every": 1, "adaptive_global": False,
+                               "max_group_size": 2, "initial_period": 8,
+                               "max_period": 8}),
+      hosts=["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"])
+  outs = result.outputs
+  proj = [{r["step"]: np.asarray(r["proj"]) for r in o["records"]}
+          for o in outs]
+  before, synced = 0, 0
+  for k, r in enumerate(outs[0]["rounds"]):
+    assert r["global_sync"], k
+    ends = [o["rounds"][k]["end_step"] for o in outs]
+    after = [proj[w][ends[w]] for w in range(4)]
+    for w in range(1, 4):
+      assert np.max(np.abs(after[w] - after[0])) <= 1e-4, (k, w)
+    if ends[0] - 1 in proj[0] and ends[2] - 1 in proj[2]:
+      # Before the sync the racks' models differed: the sync joined them.
+      before = max(before, float(np.max(np.abs(
+          proj[0][ends[0] - 1] - proj[2][ends[2] - 1]))))
+    synced += 1
+  assert synced >= 4 and before > 1e-3, (synced, before)
+
+
 def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
   """Issue 19 items 1 and 3 on real processes, hosts 127.0.0.1 (workers 0,
   1) and 127.0.0.2 (2, 3), every sync global (host by host): worker 1's

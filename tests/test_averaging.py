@@ -180,17 +180,20 @@ def test_packs_and_instance_keys_follow_the_dtype_actually_sent():
 
 def test_hierarchical_and_per_group_averaging_send_the_averaging_dtype():
   """Traced only: every collective of a multi-host sync (within hosts,
-  across, back) and both NCCL and ring per-group ops send bfloat16."""
+  across the rack, across racks, back to the rack, back to the host) and
+  both NCCL and ring per-group ops send bfloat16."""
   hier = averaging.HierarchicalAverager("/device:CPU:0", "RING", 5.0,
                                         averaging_dtype=tf.bfloat16)
   part = types.SimpleNamespace(
       host_key=tf.constant(5), host_size=tf.constant(2),
       weight_in_host=tf.constant(0.5), is_leader=tf.constant(True),
       leaders_key=tf.constant(6), leaders_size=tf.constant(2),
-      host_share=tf.constant(0.5))
+      host_share=tf.constant(0.5), is_rack_leader=tf.constant(True),
+      racks_key=tf.constant(7), racks_size=tf.constant(2),
+      rack_share=tf.constant(0.5))
   _, nested = _reduce_ops(tf.function(
       lambda: hier.weighted_sum([tf.ones([3]), tf.ones([2, 2])], part)))
-  assert len(nested) == 3
+  assert len(nested) == 5
   assert {n.attr["T"].type for n in nested} == {tf.bfloat16.as_datatype_enum}
   per_group = averaging.PerGroupAverager(4, 777, "/device:GPU:0", 9.0,
                                          averaging_dtype=tf.float16)

@@ -201,7 +201,8 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
       _, errs = _run([lambda w=w: w.exchange(r, _row(w.me)) for w in ws])
       assert errs == [None, None], errs
   keys = sorted(store.data)
-  assert len(keys) <= 20 + 3, keys  # decisions kept, `latest`, rows
+  # Decisions and snapshots kept, `latest`, rows.
+  assert len(keys) <= 20 + membership.KEEP_SNAPSHOTS + 3, keys
 
 
 def _rejoin_round(chief, store, r):
@@ -256,7 +257,8 @@ def test_a_long_run_keeps_the_store_bounded():
         sizes.append(sum(not k.startswith(nxt) for k in list(store.data)))
   _, errors = _run([lambda w=w: worker(w) for w in ws], timeout=300)
   assert errors == [None, None]
-  assert max(sizes) <= membership.KEEP_ROUNDS + 3, sizes
+  assert max(sizes) <= (membership.KEEP_ROUNDS + membership.KEEP_SNAPSHOTS
+                        + 3), sizes
   assert sizes[-1] == sizes[0], sizes  # flat, not growing
 
 

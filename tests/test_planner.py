@@ -344,6 +344,40 @@ def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):
     assert lead in parts[i].leaders
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 14), st.integers(2, 3), st.data())
+def test_a_sync_in_racks_of_host_leaders_weighs_like_the_flat_average(
+    n, max_leaders, data):
+  # Issue 14: more host leaders than the group bound go in racks of at
+  # most `max_leaders`, whose leaders sum once more: three weighted sums
+  # that compose to the flat healthy weights, every ring within the bound.
+  hosts = data.draw(st.lists(st.sampled_from("abcdefg"), min_size=n,
+                             max_size=n))
+  steps = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+  sound = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+  members = list(range(n))
+  groups = (tuple(members),)
+  weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
+  p = records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
+                   groups=groups, weights=weights, update_scales=scales,
+                   global_sync=True, stragglers=(), rates=(1.0,) * n,
+                   state=records.PlannerState(period=4.0, global_every=4))
+  parts = [plan_changes.host_part(p, i, hosts, members, sound, max_leaders)
+           for i in members]
+  composed = [parts[i].weight_in_host * parts[parts[i].host[0]].host_share *
+              parts[parts[i].leaders[0]].rack_share for i in members]
+  assert sum(composed) == pytest.approx(1.0)
+  if any(sound):
+    flat = [plan_changes.healthy_weight(p, i, sound) for i in members]
+    assert composed == pytest.approx(flat)
+  hosts_count = len(set(hosts))
+  for part in parts:
+    assert len(part.leaders) <= max_leaders
+    assert len(part.rack_leaders) == -(-hosts_count // max_leaders)
+    assert part.leaders[0] in part.rack_leaders
+    assert part.host[0] in part.leaders
+
+
 def test_global_every_follows_the_drift_measured_at_global_syncs():
   # Issue 19: the divergence read was each worker's distance to its group
   # mean (small), so cross-group drift of 4x divergence_high still doubled

@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 from oscars_tf import schedules
 from oscars_tf.policy import planner
@@ -56,6 +57,38 @@ def test_a_global_sync_over_64_hosts_goes_host_by_host():
   assert len(leaders) == 1
   # Keys: the whole cluster, 64 hosts, their leaders.
   assert len(keys) == 1 + 64 + 1
+
+
+def test_a_global_sync_over_625_hosts_adds_a_level_of_racks():
+  """10,000 workers, 16 a host: 625 host leaders would make one ring of
+  625; in racks of at most 64 (the default bound) the sync has three
+  levels and no ring of more than 64 members, and the weights compose to
+  the plan's flat weights."""
+  n, per_host = 10_000, 16
+  hosts = [f"host{i // per_host}" for i in range(n)]
+  config = schedules.Adaptive(global_every=1, adaptive_global=False)
+  p = config.plan(_table(_lognormal(n), hosts), 1)
+  assert p.global_sync
+  keys = group_keys.GroupKeys(n)
+  round_parts.register_groups(keys, p, hosts, range(n),
+                              planner.DEFAULT_MAX_GROUP_SIZE)
+  sound = [True] * n
+  table = np.zeros(n * len(records.FIELDS))
+  parts = {me: round_parts.part_of(me, 1, p, hosts, range(n), sound, keys,
+                                   table, False,
+                                   planner.DEFAULT_MAX_GROUP_SIZE)
+           for me in range(0, n, per_host)}  # the host leaders
+  racks = {part.leaders_key: part.leaders_size for part in parts.values()}
+  assert len(racks) == 10 and max(racks.values()) <= 64
+  assert sum(racks.values()) == 625
+  tops = {(part.racks_key, part.racks_size) for part in parts.values()
+          if part.is_rack_leader}
+  assert len(tops) == 1 and next(iter(tops))[1] == 10
+  assert sum(part.is_rack_leader for part in parts.values()) == 10
+  assert sum(part.rack_share for part in parts.values()
+             if part.is_rack_leader) == pytest.approx(1.0)
+  # Keys: the whole cluster, 625 hosts, 10 racks, their leaders.
+  assert len(keys) == 1 + 625 + 10 + 1
 
 
 def test_no_group_exceeds_the_default_bound_at_ten_thousand_workers():

@@ -22,7 +22,9 @@ PART_DTYPES = round_parts.RoundPart(
     group_key=tf.int32, group_size=tf.int32, nccl=tf.bool, is_global=tf.bool,
     rejoining=tf.bool, state_weight=tf.float32, host_key=tf.int32,
     host_size=tf.int32, weight_in_host=tf.float32, is_leader=tf.bool,
-    leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32)
+    leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32,
+    is_rack_leader=tf.bool, racks_key=tf.int32, racks_size=tf.int32,
+    rack_share=tf.float32)
 
 
 class Rounds:

@@ -31,34 +31,55 @@ def healthy_weight(plan: Plan, me: int, healthy) -> float:
 @dataclasses.dataclass(frozen=True)
 class HostPart:
   """One worker's part in a global sync done host by host: a weighted sum
-  inside its host, then the host leaders' weighted sum, sent back down."""
+  inside its host; the host leaders' weighted sum inside their rack (at
+  most `max_leaders` host leaders); the rack leaders' weighted sum when
+  there is more than one rack; then each result sent back down."""
   host: Tuple[int, ...]      # the members on this worker's host
   weight_in_host: float      # this worker's weight in its host's average
-  leaders: Tuple[int, ...]   # the lowest member of each host
-  host_share: float          # this host's weight among the hosts
+  leaders: Tuple[int, ...]   # the host leaders of this worker's rack
+  host_share: float          # this host's weight within its rack
+  rack_leaders: Tuple[int, ...]  # the first host leader of every rack
+  rack_share: float          # this rack's weight among the racks
 
 
-def host_part(p: Plan, me: int, hosts, members, sound) -> HostPart:
+def racks_of(leaders, max_leaders):
+  """`leaders` (sorted) in ceil(L / max_leaders) racks of near-equal size,
+  in order: no ring of the sync has more than `max_leaders` members."""
+  count = -(-len(leaders) // max_leaders)
+  return [tuple(leaders[i * len(leaders) // count:
+                        (i + 1) * len(leaders) // count])
+          for i in range(count)]
+
+
+def host_part(p: Plan, me: int, hosts, members, sound,
+              max_leaders=None) -> HostPart:
   """`me`'s part in a hierarchical global sync of `members`.
 
   Only sound members (finite weights, not rejoining) carry weight, as in
-  `healthy_weight`: a host's share is its sound weight over all the sound
-  weight, so the composed weights are the flat healthy weights and the
-  model keeps its scale when a member is poisoned or rejoining.
+  `healthy_weight`: a host's share is its sound weight over its rack's
+  sound weight, a rack's over all of it, so the composed weights are the
+  flat healthy weights and the model keeps its scale when a member is
+  poisoned or rejoining. `max_leaders`: None, one rack of every host.
   """
   members = sorted(members)
   host = tuple(i for i in members if hosts[i] == hosts[me])
   first_on_host = {}  # O(workers): the lowest member of each host leads it
   for i in members:
     first_on_host.setdefault(hosts[i], i)
-  leaders = tuple(sorted(first_on_host.values()))
+  all_leaders = sorted(first_on_host.values())
+  racks = racks_of(all_leaders, max_leaders or len(all_leaders))
+  rack = next(r for r in racks if first_on_host[hosts[me]] in r)
+  in_rack_hosts = {hosts[i] for i in rack}
   w = [p.weights[i] if sound[i] else 0.0 for i in range(len(p.weights))]
   total = sum(w[i] for i in members)
-  in_host = sum(w[i] for i in host)
   if total <= 0:  # nothing sound anywhere: a plain mean keeps the weights
-    return HostPart(host, 1.0 / len(host), leaders, len(host) / len(members))
-  return HostPart(host, w[me] / in_host if in_host > 0 else 0.0, leaders,
-                  in_host / total)
+    w = [1.0] * len(p.weights)
+    total = float(len(members))
+  in_host = sum(w[i] for i in host)
+  in_rack = sum(w[i] for i in members if hosts[i] in in_rack_hosts)
+  return HostPart(host, w[me] / in_host if in_host > 0 else 0.0, rack,
+                  in_host / in_rack if in_rack > 0 else 0.0,
+                  tuple(r[0] for r in racks), in_rack / total)
 
 
 def with_members(p: Plan, members, newcomers=(), weighting="work") -> Plan:

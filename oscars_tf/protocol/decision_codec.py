@@ -58,16 +58,24 @@ def decision_bytes(decision):
     for i, r in enumerate(listed):
       if r is not None:
         rows[i, :len(r)] = r
-  plan = (b"" if decision.chief_plan is None else
-          json.dumps(decision.chief_plan, allow_nan=True).encode())
+  return table_bytes(decision.round, len(decision.rows), decision.epoch_done,
+                     members, decision.newcomers, decision.dropped, rows,
+                     decision.chief_plan)
+
+
+def table_bytes(round_, n, epoch_done, members, newcomers, dropped,
+                member_rows, chief_plan=None):
+  """A decision's bytes from its parts; `member_rows`: the members' rows,
+  one per member in order (members x width)."""
+  rows = np.ascontiguousarray(member_rows, ROW_DTYPE)
+  plan = (b"" if chief_plan is None else
+          json.dumps(chief_plan, allow_nan=True).encode())
   return b"".join((
-      _HEADER.pack(_MAGIC, decision.round, len(decision.rows),
-                   decision.epoch_done, len(members),
-                   len(decision.newcomers), len(decision.dropped), width,
-                   len(plan)),
-      members.tobytes(), np.asarray(decision.newcomers, ID_DTYPE).tobytes(),
-      np.asarray(decision.dropped, ID_DTYPE).tobytes(), rows.tobytes(),
-      plan))
+      _HEADER.pack(_MAGIC, round_, n, epoch_done, len(members),
+                   len(newcomers), len(dropped), rows.shape[1], len(plan)),
+      np.asarray(members, ID_DTYPE).tobytes(),
+      np.asarray(newcomers, ID_DTYPE).tobytes(),
+      np.asarray(dropped, ID_DTYPE).tobytes(), rows.tobytes(), plan))
 
 
 def decode_decision(text, decision_type):

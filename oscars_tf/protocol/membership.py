@@ -18,6 +18,7 @@ No TensorFlow here: the store is anything with `set`, `get` and `delete`
 dict).
 """
 
+import base64
 import dataclasses
 import json
 import math
@@ -37,7 +38,7 @@ POLL_S = 0.5  # a dropped worker checks for the end of training this often
 PROBE_EVERY_S = 0.5  # the chief checks a late member's process this often
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 KEEP_SNAPSHOTS = 4  # whole snapshots kept ("deltas" distribution)
-DISTRIBUTIONS = ("full", "deltas")
+DISTRIBUTIONS = ("deltas", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +86,16 @@ class Membership:
 
   def __init__(self, store, me, num_workers, straggler_timeout,
                decision_timeout, first_round_timeout=None, is_gone=None,
-               distribution="full"):
+               distribution="deltas"):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
 
-    `distribution`: "full", every member reads the whole decision every
-    round (N² bytes out of the chief per round); "deltas", the chief
-    writes the table's changes and members apply them to the snapshot
-    they hold (table_deltas.py: O(N + changes · N) bytes). All members of
-    a job must use the same one."""
+    `distribution`: "deltas" (the default), the chief writes the table's
+    changes and members apply them to the snapshot they hold
+    (table_deltas.py: O(N + changes · N) bytes out of the chief per
+    round); "full", every member reads the whole decision every round
+    (N² bytes). All members of a job must use the same one."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
@@ -114,11 +115,12 @@ class Membership:
     self.members = tuple(range(num_workers))
     self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
     self._epoch_done = 0
+    self._expected_steps = None  # k_i of the round being exchanged
 
   # -- every worker --------------------------------------------------------
 
   def exchange(self, round_, row, epoch_done=0, chief_plan=None,
-               expected_s=0.0, rate_before=math.nan):
+               expected_s=0.0, rate_before=math.nan, expected_steps=None):
     """Arrives at the end of `round_` with `row`; returns the Decision.
 
     On the chief this also decides: `epoch_done` and `chief_plan` (a dict,
@@ -130,7 +132,11 @@ class Membership:
     round it rejoins in, whose number is then larger than `round_`; it asks
     with `rate_before` as its rate (measured before the round it was late
     for: a stall is not its speed, and NaN would plan it at the median).
+    `expected_steps`: every worker's planned k_i for `round_` (the same
+    plan on every member), so that only steps that differ from the plan
+    travel ("deltas").
     """
+    self._expected_steps = expected_steps
     self.store.set(f"{PREFIX}a/{round_}/{self.me}", _dump(row))
     if self.me == 0:
       decision = self._decide(round_, row, epoch_done, chief_plan,
@@ -235,7 +241,8 @@ class Membership:
     changes = table_deltas.Changes(text)
     held = None
     if self._snapshot_round == round_ - 1:
-      held = changes.apply(self._snapshot, self.members)
+      held = changes.apply(self._snapshot, self.members,
+                           self._expected_steps)
     if held is None:  # no previous snapshot, or it differs: the whole one
       decision = self._read_snapshot(round_, time.monotonic() +
                                      self.decision_timeout)
@@ -273,20 +280,29 @@ class Membership:
       # that its plan is theirs to the last bit.
       return Decision.decode(text)
     members = decision.members
-    snapshot = table_deltas.next_snapshot(self._snapshot, members, round_)
-    cells = table_deltas.changed_cells(snapshot, decision.rows, members)
+    snapshot = table_deltas.next_snapshot(self._snapshot, members, round_,
+                                          self._expected_steps)
+    fresh = table_deltas.member_rows(decision.rows, members)
+    ops = table_deltas.column_ops(snapshot, fresh, members)
+    snapshot = table_deltas.apply_columns(snapshot, members, ops)
+    cells = table_deltas.changed_cells(snapshot, fresh, members)
     snapshot = table_deltas.apply_cells(snapshot, cells)
-    rows = [None] * self.n
-    for j, r in zip(members, snapshot[list(members)].tolist()):
-      rows[j] = tuple(r)
-    whole = dataclasses.replace(decision, rows=tuple(rows)).encode()
-    self.store.set(f"{PREFIX}s/{round_}", whole)
+    # The whole snapshot, for newcomers and members whose digest differs;
+    # the chief's decision is made from it as every member makes theirs.
+    self.store.set(f"{PREFIX}s/{round_}", base64.b64encode(
+        decision_codec.table_bytes(
+            round_, self.n, decision.epoch_done, members,
+            decision.newcomers, decision.dropped, snapshot[list(members)],
+            decision.chief_plan)).decode("ascii"))
     self.store.delete(f"{PREFIX}s/{round_ - KEEP_SNAPSHOTS}")
     self.store.set(f"{PREFIX}d/{round_}", table_deltas.encode(
         round_, self.n, decision.epoch_done, decision.newcomers,
-        decision.dropped, cells, table_deltas.digest(snapshot)))
+        decision.dropped, cells, table_deltas.digest(snapshot), ops))
     self._snapshot, self._snapshot_round = snapshot, round_
-    return Decision.decode(whole)
+    return decision_codec.decision_with_array(
+        Decision, round_, members, decision.newcomers, decision.dropped,
+        snapshot.astype(np.float64), decision.epoch_done,
+        decision.chief_plan)
 
   def _try_get(self, key):
     try:

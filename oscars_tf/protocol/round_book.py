@@ -24,6 +24,7 @@ import numpy as np
 from absl import logging
 
 from oscars_tf.policy import plan_changes
+from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import group_keys as group_keys_lib
 from oscars_tf.protocol import membership as membership_lib
@@ -91,6 +92,10 @@ class RoundBook:
     self._logged_imputed = frozenset()
     self._logged_period = None
     self._weighting = getattr(schedule, "weighting", "work")
+    # No ring of a global sync across hosts has more host leaders than the
+    # schedule's group bound (a third level past that: round_parts.py).
+    self._max_leaders = (getattr(schedule, "max_group_size", None) or
+                         planner.DEFAULT_MAX_GROUP_SIZE)
     self._t_round_start = None
     self._t_first_step = None
     self._t_arrive = self._t_table = 0.0
@@ -183,7 +188,8 @@ class RoundBook:
     decision = self.membership.exchange(
         self.round, row, self.epoch_done, chief_plan=chief_plan,
         expected_s=self._others_still_due_s(),
-        rate_before=self._rate_before)
+        rate_before=self._rate_before,
+        expected_steps=self.plan.local_steps)
     if decision.round != self.round:  # dropped, now let back in
       self._adopt(decision)
     return decision
@@ -237,10 +243,11 @@ class RoundBook:
     newcomers = set(decision.newcomers)
     sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
     round_parts.register_groups(self.group_keys, self.plan, self.hosts,
-                                self.members)
+                                self.members, self._max_leaders)
     return round_parts.part_of(
         self.me, self.round, self.plan, self.hosts, self.members, sound,
-        self.group_keys, rows.reshape(-1), bool(decision.newcomers))
+        self.group_keys, rows.reshape(-1), bool(decision.newcomers),
+        self._max_leaders)
 
   def _adopt(self, decision):
     """A rejoining worker takes the cluster's round, epoch accounting and

@@ -29,9 +29,13 @@ class RoundPart(NamedTuple):
   host_size: int
   weight_in_host: float
   is_leader: bool
-  leaders_key: int
+  leaders_key: int       # the host leaders of this worker's rack
   leaders_size: int
-  host_share: float
+  host_share: float      # the host's share within its rack
+  is_rack_leader: bool
+  racks_key: int         # the racks' leaders (size 1: a single rack)
+  racks_size: int
+  rack_share: float
 
 
 class NextRound(NamedTuple):
@@ -44,21 +48,25 @@ def multi_host(hosts):
   return len(set(hosts)) > 1
 
 
-def register_groups(group_keys, plan, hosts, members):
+def register_groups(group_keys, plan, hosts, members, max_leaders=None):
   """Keys for every group this round may use, in the same order on every
   member (see group_keys.py): the plan's, and across hosts each host's
-  members and the hosts' leaders (for a global sync)."""
+  members, the racks of host leaders and the racks' leaders (for a global
+  sync; plan_changes.host_part)."""
   group_keys.register(plan.groups)
   if multi_host(hosts):
     by_host = {}
     for i in sorted(members):
       by_host.setdefault(hosts[i], []).append(i)
     by_host = sorted(by_host.values())
-    group_keys.register(by_host + [[h[0] for h in by_host]])
+    leaders = [h[0] for h in by_host]
+    racks = plan_changes.racks_of(leaders, max_leaders or len(leaders))
+    group_keys.register(by_host + racks + (
+        [[r[0] for r in racks]] if len(racks) > 1 else []))
 
 
 def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
-            rejoining):
+            rejoining, max_leaders=None):
   """Worker `me`'s RoundPart under `plan`; `sound[j]`: worker j adds its
   model (a member, finite weights, not rejoining)."""
   group = plan.group_of(me)
@@ -76,15 +84,18 @@ def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
       group_keys.key(group), len(group),
       len({hosts[i] for i in group}) == 1, plan.global_sync, rejoining,
       1.0 / len(holders) if me in holders else 0.0,
-      *_host_part(me, plan, hosts, members, sound, group_keys))
+      *_host_part(me, plan, hosts, members, sound, group_keys, max_leaders))
 
 
-def _host_part(me, plan, hosts, members, sound, group_keys):
+def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
   """Hierarchical-sync fields of worker `me` (used for a global sync across
   hosts; on one host, placeholders)."""
   if not multi_host(hosts):
-    return (0, 1, 1.0, True, 0, 1, 1.0)
-  part = plan_changes.host_part(plan, me, hosts, members, sound)
+    return (0, 1, 1.0, True, 0, 1, 1.0, True, 0, 1, 1.0)
+  part = plan_changes.host_part(plan, me, hosts, members, sound, max_leaders)
+  racks = part.rack_leaders
   return (group_keys.key(part.host), len(part.host), part.weight_in_host,
           me == part.host[0], group_keys.key(part.leaders), len(part.leaders),
-          part.host_share)
+          part.host_share, me == part.leaders[0],
+          group_keys.key(racks) if len(racks) > 1 else 0, len(racks),
+          part.rack_share)

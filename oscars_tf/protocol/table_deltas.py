@@ -17,7 +17,19 @@ Rules every member applies alike (`apply`):
   members(r) = members(r-1) - dropped(r) + newcomers(r);
   rows of non-members are NaN (the planner imputes them, as before);
   the round field of every member is r (it arrived in round r);
-  then the changed cells are set.
+  the steps field of every member is the k_i of the plan just run, when
+  the round book passes it (every member holds the same plan);
+  then each field's column operation (below) and the changed cells.
+
+Column operations keep rounds in which every row moves at once cheap:
+losses that fall together, rates that all rise after warm-up, a learning
+rate schedule, the whole cluster's data running out. Per field the header
+carries one of: nothing; "scale every member's value by f" (the chief
+picks the median ratio of fresh to held values, when it strays from 1 by
+more than half the field's tolerance); "set every member's value to v"
+(when all fresh values are equal). Only the cells still beyond tolerance
+after that travel as cells. Without it, such a round cost N² cells out of
+the chief (12.8 MB at 1,024 workers, 2.4 GB at 10,000).
 
 The tolerances make the snapshot a little stale (a rate at most 2 % off):
 the planner plans with it on every member alike, so agreement holds; the
@@ -35,16 +47,22 @@ from oscars_tf.policy import records
 
 WIDTH = len(records.FIELDS)
 ROUND = records.FIELDS.index("round")
+STEPS = records.FIELDS.index("steps")
 # Relative change that puts a cell in the round's changes (0: any change).
 # The period rules read loss, divergence, sync cost and learning rate only
 # through means, medians and maxima over the table.
 TOLERANCE = np.array([{"rate": 0.02, "loss": 0.05, "divergence": 0.1,
                        "sync_cost": 0.1}.get(f, 0.0) for f in records.FIELDS])
 # magic, round, workers, epoch_done, newcomers, dropped, changed cells,
-# digest of the resulting snapshot
-_HEADER = struct.Struct("<4sqiqiii8s")
-_MAGIC = b"otd1"
+# digest of the resulting snapshot, column operations
+_HEADER = struct.Struct("<4sqiqiii8sB")
+_MAGIC = b"otd2"
 _CELL = np.dtype([("worker", "<i4"), ("field", "u1"), ("value", "<f4")])
+# One per field: what to do to every member's value of it (only those
+# other than KEEP travel, as (field, op, value)).
+_COLUMN = np.dtype([("op", "u1"), ("value", "<f4")])
+_COLUMN_OP = np.dtype([("field", "u1"), ("op", "u1"), ("value", "<f4")])
+KEEP, SCALE, SET = 0, 1, 2
 
 
 def empty(n):
@@ -57,26 +75,85 @@ def digest(snapshot):
                          digest_size=8).digest()
 
 
-def next_snapshot(previous, members, round_):
+def next_snapshot(previous, members, round_, expected_steps=None):
   """The rules before the changes: non-members' rows NaN, members'
-  round field `round_`."""
+  round field `round_` and, given `expected_steps` (k_i by worker), their
+  steps field k_i."""
   snap = previous.copy()
   is_member = np.zeros(len(snap), bool)
   is_member[list(members)] = True
   snap[~is_member] = np.nan
   snap[is_member, ROUND] = round_
+  if expected_steps is not None:
+    steps = np.asarray(expected_steps, np.float32)
+    snap[is_member, STEPS] = steps[is_member]
+  return snap
+
+
+def member_rows(rows, members):
+  """The members' rows of `rows` (a sequence of row tuples, None for
+  non-members) as one float32 array, NaN-padded to WIDTH; an array passes
+  through (the chief makes it once a round)."""
+  if isinstance(rows, np.ndarray):
+    return rows
+  listed = [rows[j] for j in members]
+  try:
+    table = np.array(listed, np.float32)
+  except ValueError:  # rows of different lengths
+    table = None
+  fresh = np.full((len(members), WIDTH), np.nan, np.float32)
+  if table is not None and table.ndim == 2:
+    width = min(WIDTH, table.shape[1])
+    fresh[:, :width] = table[:, :width]
+    return fresh
+  for i, r in enumerate(listed):
+    fresh[i, :min(WIDTH, len(r))] = r[:WIDTH]
+  return fresh
+
+
+def column_ops(base, rows, members):
+  """Per field (KEEP / SCALE / SET, value) that brings the members'
+  column of `base` closest to `rows` in one number (module docstring)."""
+  members = list(members)
+  ops = np.zeros(WIDTH, _COLUMN)
+  fresh, old = member_rows(rows, members), base[members]
+  for f in range(WIDTH):
+    if f == ROUND or not members:
+      continue
+    new = fresh[:, f]
+    if np.isfinite(new).all() and (new == new[0]).all():
+      if not (old[:, f] == new[0]).all():
+        ops[f] = (SET, new[0])
+      continue
+    if TOLERANCE[f] > 0:
+      held = old[:, f]
+      usable = np.isfinite(new) & np.isfinite(held) & (held != 0)
+      if usable.any():
+        ratio = np.float32(np.median(new[usable] / held[usable]))
+        if np.isfinite(ratio) and ratio > 0 and (
+            abs(ratio - 1) > TOLERANCE[f] / 2):
+          ops[f] = (SCALE, ratio)
+  return ops
+
+
+def apply_columns(snap, members, ops):
+  members = list(members)
+  for f in np.nonzero(ops["op"])[0]:
+    value = np.float32(ops["value"][f])
+    if ops["op"][f] == SCALE:
+      snap[members, f] = snap[members, f] * value
+    else:
+      snap[members, f] = value
   return snap
 
 
 def changed_cells(base, rows, members):
   """(worker, field, value) of the members' cells of `rows` (a sequence of
   row tuples, None for non-members) that differ from `base` beyond their
-  tolerance; `base` is the snapshot after `next_snapshot`."""
+  tolerance; `base` is the snapshot after `next_snapshot` and
+  `apply_columns`."""
   members = list(members)
-  fresh = np.full((len(members), WIDTH), np.nan, np.float32)
-  for i, j in enumerate(members):
-    r = rows[j][:WIDTH]
-    fresh[i, :len(r)] = r
+  fresh = member_rows(rows, members)
   old = base[members]
   with np.errstate(invalid="ignore"):
     differs = np.abs(fresh - old) > TOLERANCE * np.abs(old)
@@ -95,13 +172,21 @@ def apply_cells(snap, cells):
   return snap
 
 
-def encode(round_, n, epoch_done, newcomers, dropped, cells, snap_digest):
+def encode(round_, n, epoch_done, newcomers, dropped, cells, snap_digest,
+           ops=None):
   """One round's changes as store text (base64: the coordination
   service's values are UTF-8 text)."""
+  if ops is None:
+    ops = np.zeros(WIDTH, _COLUMN)
+  fields = np.nonzero(ops["op"])[0]
+  listed = np.empty(len(fields), _COLUMN_OP)
+  listed["field"] = fields
+  listed["op"] = ops["op"][fields]
+  listed["value"] = ops["value"][fields]
   return base64.b64encode(b"".join((
       _HEADER.pack(_MAGIC, round_, n, epoch_done, len(newcomers),
-                   len(dropped), len(cells), snap_digest),
-      np.asarray(newcomers, "<i4").tobytes(),
+                   len(dropped), len(cells), snap_digest, len(listed)),
+      listed.tobytes(), np.asarray(newcomers, "<i4").tobytes(),
       np.asarray(dropped, "<i4").tobytes(), cells.tobytes()))).decode("ascii")
 
 
@@ -110,11 +195,16 @@ class Changes:
 
   def __init__(self, text):
     data = base64.b64decode(text)
-    (magic, self.round, self.n, self.epoch_done, k, d, c,
-     self.digest) = _HEADER.unpack_from(data)
+    (magic, self.round, self.n, self.epoch_done, k, d, c, self.digest,
+     o) = _HEADER.unpack_from(data)
     if magic != _MAGIC:
       raise ValueError(f"not a table delta (magic {magic!r})")
     at = _HEADER.size
+    listed = np.frombuffer(data, _COLUMN_OP, o, at)
+    at += listed.nbytes
+    self.ops = np.zeros(WIDTH, _COLUMN)
+    self.ops["op"][listed["field"]] = listed["op"]
+    self.ops["value"][listed["field"]] = listed["value"]
     self.newcomers = tuple(np.frombuffer(data, "<i4", k, at).tolist())
     at += 4 * k
     self.dropped = tuple(np.frombuffer(data, "<i4", d, at).tolist())
@@ -126,12 +216,12 @@ class Changes:
     return tuple(sorted({j for j in previous_members if j not in gone} |
                         set(self.newcomers)))
 
-  def apply(self, previous, previous_members):
+  def apply(self, previous, previous_members, expected_steps=None):
     """(snapshot, members) of this round from the previous round's, or
     None when the result's digest does not match the chief's."""
     members = self.members_after(previous_members)
-    snap = apply_cells(next_snapshot(previous, members, self.round),
-                       self.cells)
+    snap = next_snapshot(previous, members, self.round, expected_steps)
+    snap = apply_cells(apply_columns(snap, members, self.ops), self.cells)
     if digest(snap) != self.digest:
       return None
     return snap, members

@@ -35,7 +35,8 @@ AVERAGING_DTYPES = ("float32", "bfloat16", "float16")
 _NCCL_DTYPES = frozenset({"float16", "float32", "float64", "int32", "int64"})
 
 # Instance keys per role; each role gets a disjoint range of keys.
-INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "across": 5 << 27,
+INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "racks": 3 << 27,
+                     "rack_back": 4 << 27, "across": 5 << 27,
                      "back": 6 << 27, "shared": 7 << 27}
 _MAX_PACKS = 1 << 10
 _SHAPE_SLOTS = 1 << 17  # (1 << 27) // _MAX_PACKS
@@ -264,8 +265,12 @@ class HierarchicalAverager:
 
   1. Each host's members sum `weight_in_host * values` (NCCL on GPUs).
   2. One leader per host sums `host_share * host_average` with the other
-     leaders over gRPC ring: only one member per host crosses the network.
-  3. Each leader broadcasts the result to its host's members.
+     leaders of its rack over gRPC ring: only one member per host crosses
+     the network, and no ring has more than the schedule's group bound.
+  3. With more than one rack, the racks' leaders sum `rack_share *
+     rack_average` over gRPC ring, and each sends the result back to its
+     rack's leaders.
+  4. Each host leader broadcasts the result to its host's members.
   Group keys, sizes and weights are tensors taken from the plan. With an
   averaging dtype all three steps send it: steps 1 and 2 each round (the
   host average is rounded, then the global one), step 3 loses nothing (the
@@ -280,8 +285,9 @@ class HierarchicalAverager:
 
   def weighted_sum(self, tensors, p):
     """`p`: tensors host_key, host_size, weight_in_host, is_leader,
-    leaders_key, leaders_size, host_share as attributes (a RoundPart of
-    protocol/round_book.py)."""
+    leaders_key, leaders_size, host_share, is_rack_leader, racks_key,
+    racks_size, rack_share as attributes (a RoundPart of
+    protocol/round_parts.py)."""
     def within(values, weight, role):
       return tf.cond(
           p.host_size > 1,
@@ -290,14 +296,23 @@ class HierarchicalAverager:
                                           group_key=p.host_key),
           lambda: [tf.identity(v) for v in values])
 
+    def leaders_ring(values, weight, role, is_in, size, key):
+      return tf.cond(
+          is_in,
+          lambda: self.cross.weighted_sum(values, weight, role=role,
+                                          group_size=size, group_key=key),
+          lambda: [tf.identity(v) for v in values])
+
     host_average = within(tensors, p.weight_in_host, "model")
-    crossed = tf.cond(
-        p.is_leader,
-        lambda: self.cross.weighted_sum(host_average, p.host_share,
-                                        role="across",
-                                        group_size=p.leaders_size,
-                                        group_key=p.leaders_key),
-        lambda: [tf.identity(v) for v in host_average])
+    crossed = leaders_ring(host_average, p.host_share, "across", p.is_leader,
+                           p.leaders_size, p.leaders_key)
+    several = p.racks_size > 1
+    crossed = leaders_ring(crossed, p.rack_share, "racks",
+                           several & p.is_leader & p.is_rack_leader,
+                           p.racks_size, p.racks_key)
+    crossed = leaders_ring(crossed, tf.where(p.is_rack_leader, 1.0, 0.0),
+                           "rack_back", several & p.is_leader,
+                           p.leaders_size, p.leaders_key)
     return within(crossed, tf.where(p.is_leader, 1.0, 0.0), "back")
 
 
