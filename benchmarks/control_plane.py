@@ -64,6 +64,8 @@ flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
                    "(0: each reports its true rate every round).")
 flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
                    "max_overshoot (None: its default).")
+flags.DEFINE_float("min_utilization", None, "The Adaptive schedule's "
+                   "min_utilization (None: its default).")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -133,7 +135,8 @@ def measure(n, rng):
   store = CountingStore()
   gone = set()
   schedule = schedules.Adaptive(grouping=FLAGS.grouping,
-                                max_overshoot=FLAGS.max_overshoot)
+                                max_overshoot=FLAGS.max_overshoot,
+                                min_utilization=FLAGS.min_utilization)
   sampled = sorted({1 + int(x) for x in rng.choice(
       max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
   faulty = [j for j in range(1, n) if j not in sampled]
@@ -234,6 +237,8 @@ def measure(n, rng):
           "decision_bytes": len(store.data[decision_key]),
           "live_keys": len(store.data), "plan_ms": plan_ms,
           "utilization": util, "members": len(decision.members),
+          "median_local_steps": statistics.median(plan.local_steps),
+          "time_budget_s": plan.time_budget,
           "dropped": len(decision.dropped),
           "rejoined": len(decision.newcomers),
           "first_round_bytes": first_round_bytes})
@@ -256,6 +261,8 @@ def summarize(n, rows):
           "live_keys_max": max(r["live_keys"] for r in rows),
           "plan_ms": med("plan_ms"),
           "utilization": med("utilization"),
+          "median_local_steps": med("median_local_steps"),
+          "time_budget_s": med("time_budget_s"),
           "dropped": sum(r["dropped"] for r in rows),
           "rejoined": sum(r["rejoined"] for r in rows)}
 
@@ -292,7 +299,8 @@ def main(argv):
                                          "sigma", "sampled", "deaths",
                                          "stalls", "fault_round", "seed",
                                          "grouping", "distribution",
-                                         "noise", "max_overshoot")},
+                                         "noise", "max_overshoot",
+                                         "min_utilization")},
                  "results": results}, f, indent=1)
   return 0
 

@@ -319,6 +319,12 @@ class Adaptive(Schedule):
       fraction of T late takes one step fewer (at least 1), so with many
       workers no one but a straggler holds the round much past T (1,024
       lognormal workers: the round's compute share 0.75 -> about 0.9).
+    min_utilization: None (default) or a float in (0, 1]: T grows by whole
+      steps of the slowest worker (up to `max_period` steps of the
+      fastest) until the round's planned compute share reaches it. Whole
+      steps and the wait for the latest arrival cost a cluster of widely
+      spread speeds a quarter of its time when T is one slowest step; the
+      price of a longer T is fewer averagings.
 
   Example:
     strategy = oscars_tf.OscarsStrategy(schedule=oscars_tf.schedules.Adaptive())
@@ -329,7 +335,8 @@ class Adaptive(Schedule):
                max_groupings=None,
                global_every=4, adaptive_global=True, max_global_every=64,
                divergence_low=0.005, divergence_high=0.05, weighting="work",
-               straggler_ratio=0.25, max_staleness=3, max_overshoot=None):
+               straggler_ratio=0.25, max_staleness=3, max_overshoot=None,
+               min_utilization=None):
     self.period_rule = CostAware() if period_rule is None else period_rule
     if not hasattr(self.period_rule, "update"):
       raise TypeError("Adaptive: `period_rule` must be CostAware(), "
@@ -378,6 +385,13 @@ class Adaptive(Schedule):
       raise ValueError("Adaptive: `max_overshoot` must be None or a number "
                        f">= 0, got {max_overshoot!r}.")
     self.max_overshoot = max_overshoot
+    if min_utilization is not None and (
+        isinstance(min_utilization, bool) or
+        not isinstance(min_utilization, (int, float)) or
+        not 0 < min_utilization <= 1):
+      raise ValueError("Adaptive: `min_utilization` must be None or a number "
+                       f"in (0, 1], got {min_utilization!r}.")
+    self.min_utilization = min_utilization
 
   def plan(self, table, round_, state=None):
     return planner.plan(table, self, round_, state)

@@ -423,3 +423,39 @@ def test_max_overshoot_keeps_every_arrival_near_the_time_budget():
   assert capped > plain + 0.05, (plain, capped)
   with pytest.raises(ValueError, match="max_overshoot"):
     schedules.Adaptive(max_overshoot=-1)
+
+
+def test_min_utilization_lengthens_t_by_whole_slow_steps_until_reached():
+  # Issue 14's goal: 97 % of the simulated cluster's time computing at
+  # 1,024 lognormal workers (sigma 0.5). With T one slowest step the median
+  # worker takes about 5 steps, whole steps and the latest arrival leave
+  # about 75 %; min_utilization lengthens T until the plan reaches it.
+  from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
+  rates = np.random.default_rng(0).lognormal(0.0, 0.5, 1024) * 10
+  table = records.StepRateTable(
+      tuple(records.TableEntry(rate=float(r), round=0) for r in rates),
+      tuple(f"h{i // 8}" for i in range(1024)))
+  plain = schedules.Adaptive(grouping="speed").plan(table, 1)
+  filled = schedules.Adaptive(grouping="speed",
+                              min_utilization=0.97).plan(table, 1)
+  assert planner.planned_utilization(plain.local_steps, plain.rates) < 0.8
+  assert planner.planned_utilization(filled.local_steps,
+                                     filled.rates) >= 0.97
+  slowest, fastest = min(rates), max(rates)
+  slow_steps = filled.time_budget * slowest
+  assert abs(slow_steps - round(slow_steps)) < 1e-9  # whole slowest steps
+  assert filled.time_budget > plain.time_budget
+  assert filled.time_budget <= 256 / fastest + 1e-9  # max_period's bound
+  # Capped by max_period: the best T within it, not a longer one.
+  capped = schedules.Adaptive(grouping="speed", max_period=40,
+                              min_utilization=0.999).plan(table, 1)
+  assert capped.time_budget <= 40 / fastest + 1 / slowest
+  # A cluster already at the target keeps its T.
+  even = records.StepRateTable(
+      tuple(records.TableEntry(rate=10.0, round=0) for _ in range(8)),
+      ("h",) * 8)
+  assert (schedules.Adaptive(min_utilization=0.97).plan(even, 1).time_budget
+          == schedules.Adaptive().plan(even, 1).time_budget)
+  for bad in (0, 1.5, True, "0.9"):
+    with pytest.raises(ValueError, match="min_utilization"):
+      schedules.Adaptive(min_utilization=bad)
