@@ -25,8 +25,8 @@ def put(store, key, value):
 class MemoryStore:
   """An in-memory store with the coordination service's semantics: `get`
   blocks until the key exists or the timeout passes, `set` refuses to
-  overwrite. For one process: protocol tests and the control-plane
-  benchmark."""
+  overwrite, `delete` removes a directory too. For one process: protocol
+  tests and the control-plane benchmark."""
 
   def __init__(self):
     self.data = {}
@@ -46,8 +46,13 @@ class MemoryStore:
       return self.data[key]
 
   def delete(self, key):
+    """Deletes `key` and, as the coordination service does, every key
+    under it as a directory ("key/..."): one call clears a round."""
     with self._cv:
       self.data.pop(key, None)
+      under = key + "/"
+      for k in [k for k in self.data if k.startswith(under)]:
+        del self.data[k]
 
 
 class ContextStore:
@@ -77,6 +82,9 @@ class ContextStore:
       raise _service_gone(e) from None
 
   def delete(self, key):
+    """`key` and every key under it ("key/..."): the service's
+    DeleteKeyValue deletes a directory (TF 2.21; control_plane_tf.py and
+    tests/test_kv_store_tf.py check it on the real service)."""
     try:
       self._ctx.delete_config_key_value(key)
     except Exception:  # pylint: disable=broad-except

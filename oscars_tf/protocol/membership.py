@@ -341,8 +341,9 @@ class Membership:
         self.store.delete(f"{PREFIX}j/{j}")
         rows[j] = _load(text)
         newcomers.append(j)
-    for j in arrived:  # read (or the chief's own): no longer needed
-      self.store.delete(f"{PREFIX}a/{round_}/{j}")
+    # Every arrival of the round is read (or the chief's own): one call
+    # deletes them all (a directory), not one RPC per member.
+    self.store.delete(f"{PREFIX}a/{round_}")
     if newcomers and callable(chief_plan):  # made only when needed
       chief_plan = chief_plan()
     decision = Decision(round_, tuple(sorted(arrived + newcomers)),
