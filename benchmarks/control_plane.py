@@ -35,6 +35,8 @@ from absl import flags
 from absl import logging
 
 from oscars_tf import schedules
+from oscars_tf.policy import plan_changes
+from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import kv_store
@@ -224,6 +226,8 @@ def measure(n, rng):
         records.TableEntry(rate=x, round=r) for x in rates), hosts), r + 1,
         chief.plan.state)
     plan_ms = 1e3 * (time.perf_counter() - t0)
+    traffic = averaging_traffic(plan, hosts, decision.members,
+                                planner.DEFAULT_MAX_GROUP_SIZE)
     if r == 0:  # every member reads every row once: N² whichever way
       first_round_bytes = store.bytes_out - out0
     if r >= 2:
@@ -237,12 +241,52 @@ def measure(n, rng):
           "decision_bytes": len(store.data[decision_key]),
           "live_keys": len(store.data), "plan_ms": plan_ms,
           "utilization": util, "members": len(decision.members),
+          "global_sync": plan.global_sync,
+          "averaging_mean_over_bound": traffic[0],
+          "averaging_max_over_bound": traffic[1],
           "median_local_steps": statistics.median(plan.local_steps),
           "time_budget_s": plan.time_budget,
           "dropped": len(decision.dropped),
           "rejoined": len(decision.newcomers),
           "first_round_bytes": first_round_bytes})
   return rows
+
+
+def averaging_traffic(plan, hosts, members, max_leaders):
+  """(mean, max) over the members of the bytes each sends to average the
+  model in the round `plan` plans, over the ring all-reduce bound
+  2(N-1)/N x the model's bytes: counted from the plan and the collectives
+  the strategy runs (a ring all-reduce of g members sends 2(g-1)/g of the
+  model per member; a global sync across hosts: a ring in each host, the
+  host leaders' rings in racks, the racks' leaders' ring, back down with
+  the same rings, runtime/averaging.py HierarchicalAverager)."""
+  def ring(g):
+    return 2.0 * (g - 1) / g if g > 1 else 0.0
+  members = sorted(members)
+  sent = dict.fromkeys(members, 0.0)
+  by_host = {}
+  for j in members:
+    by_host.setdefault(hosts[j], []).append(j)
+  if plan.global_sync and len(by_host) > 1:
+    leaders = sorted(g[0] for g in by_host.values())
+    racks = plan_changes.racks_of(leaders, max_leaders)
+    for g in by_host.values():
+      for j in g:
+        sent[j] += 2 * ring(len(g))  # into the host, and back down
+    for rack in racks:
+      for j in rack:  # the rack's ring (and back down from its leader)
+        sent[j] += ring(len(rack)) * (2 if len(racks) > 1 else 1)
+      if len(racks) > 1:
+        sent[rack[0]] += ring(len(racks))
+  else:
+    is_member = set(members)
+    for g in plan.groups:
+      g = [j for j in g if j in is_member]
+      for j in g:
+        sent[j] += ring(len(g))
+  bound = ring(len(members)) or 1.0
+  values = list(sent.values())
+  return sum(values) / len(values) / bound, max(values) / bound
 
 
 def summarize(n, rows):
@@ -262,6 +306,14 @@ def summarize(n, rows):
           "plan_ms": med("plan_ms"),
           "utilization": med("utilization"),
           "median_local_steps": med("median_local_steps"),
+          # Over the measured rounds: group rounds and global syncs alike.
+          "averaging_mean_over_bound": statistics.mean(
+              r["averaging_mean_over_bound"] for r in rows),
+          "averaging_max_over_bound": max(
+              r["averaging_max_over_bound"] for r in rows),
+          "averaging_global_sync_mean_over_bound": max(
+              [r["averaging_mean_over_bound"] for r in rows
+               if r["global_sync"]], default=float("nan")),
           "time_budget_s": med("time_budget_s"),
           "dropped": sum(r["dropped"] for r in rows),
           "rejoined": sum(r["rejoined"] for r in rows)}
@@ -278,7 +330,7 @@ def main(argv):
   head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
           f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
           f"{'util':>6} {'drop/rejoin':>11} {'max MB':>8} "
-          f"{'round 0 MB':>10}")
+          f"{'round 0 MB':>10} {'avg traffic/bound':>17}")
   print(head)
   print("-" * len(head))
   results = []
@@ -291,7 +343,9 @@ def main(argv):
           f"{s['plan_ms']:>8.1f} {s['utilization']:>6.3f} "
           f"{s['dropped']:>5}/{s['rejoined']:<5} "
           f"{s['bytes_out_of_chief_mb_max']:>8.2f} "
-          f"{s['first_round_mb']:>10.1f}", flush=True)
+          f"{s['first_round_mb']:>10.1f} "
+          f"{s['averaging_mean_over_bound']:>8.2f}/"
+          f"{s['averaging_max_over_bound']:<8.2f}", flush=True)
   if FLAGS.result_json:
     with open(FLAGS.result_json, "w", encoding="utf-8") as f:
       json.dump({"heterogeneity": "SIMULATED", "flags": {
