@@ -37,6 +37,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import types
 
 import numpy as np
 from absl import app
@@ -135,17 +137,11 @@ def _row(rate, round_, steps, loss):
   return [rate, round_, loss, float("nan"), 0.1, steps, 1.0, 0.0]
 
 
-class _TrueRate:
-  """The chief's rate meter: its SIMULATED rate (as in control_plane.py)."""
-
-  def __init__(self, rate):
-    self.rate = rate
-
-  def add(self, steps, seconds):
-    pass
-
-  def reset(self, rate=float("nan")):
-    pass
+def _true_rate(rate):
+  """The chief's rate meter: its SIMULATED rate, whatever it measures (as
+  control_plane.py's `_TrueRate`)."""
+  return types.SimpleNamespace(rate=rate, add=lambda steps, seconds: None,
+                               reset=lambda rate=None: None)
 
 
 def run_task():
@@ -201,7 +197,7 @@ def _chief_rounds(info, store, rates, t0, result):
       distribution=FLAGS.distribution)
   book = round_book.RoundBook(info, schedules.Adaptive(grouping="speed"),
                               membership=member)
-  book.meter, book.publish = _TrueRate(rates[0]), False
+  book.meter, book.publish = _true_rate(rates[0]), False
   for r in range(FLAGS.rounds):
     _sleep_until(t0 + r * FLAGS.slot_s + FLAGS.chief_at * FLAGS.slot_s)
     store.round = r
@@ -261,10 +257,8 @@ def _client_rounds(store, me, rate, t0, dies, result):
 
 def _available_mb():
   with open("/proc/meminfo", encoding="utf-8") as f:
-    for line in f:
-      if line.startswith("MemAvailable:"):
-        return int(line.split()[1]) / 1024
-  return float("inf")
+    return next(int(line.split()[1]) / 1024 for line in f
+                if line.startswith("MemAvailable:"))
 
 
 def _percentile(values, q):
@@ -290,12 +284,17 @@ def measure(n, log):
           grace=5.0, interrupt=signals)
     finally:  # any error here: no task outlives the launcher
       job.stop(grace=1.0)
-  if failed is not None:
-    raise RuntimeError(f"N={n}: task {failed} failed or timed out (exit "
-                       f"codes {codes}); output in {log.name}")
-  tasks = [json.loads((pathlib.Path(out) / f"task{j}.json").read_text(
-      encoding="utf-8")) for j in range(n)]
-  shutil.rmtree(out)
+  try:
+    if failed is not None:
+      what = (f"task {failed} failed" if isinstance(failed, int) else
+              {"timeout": "timed out", "signal": "stopped by a signal"}.get(
+                  failed, failed))
+      raise RuntimeError(f"N={n}: {what} (exit codes {codes}); the tasks' "
+                         f"output is in {log.name}")
+    tasks = [json.loads((pathlib.Path(out) / f"task{j}.json").read_text(
+        encoding="utf-8")) for j in range(n)]
+  finally:
+    shutil.rmtree(out)
   return summarize(n, tasks, tasks[0]["t0"] - t0, pids)
 
 
@@ -339,6 +338,9 @@ def summarize(n, tasks, start_s, pids):
       "client_set_ms_p50": _percentile(lat["set"], 50),
       "client_set_ms_p99": _percentile(lat["set"], 99),
       "client_reads_waited": waited,
+      "client_decode_ms": statistics.median(
+          v["decode_ms"] for t in clients for r, v in t["rounds"].items()
+          if int(r) in measured),
       "kv_ops": statistics.median(ops), "kv_ops_max": max(ops),
       "bytes_out_of_chief_mb": statistics.median(out_bytes) / 1e6,
       "client_rss_mb": statistics.median(t["rss_mb"] for t in clients),
@@ -358,7 +360,13 @@ def summarize(n, tasks, start_s, pids):
 def main(argv):
   del argv
   if FLAGS.task_out:
-    return run_task()
+    try:
+      run_task()
+    except BaseException:  # pylint: disable=broad-except
+      # Out at once: TensorFlow's teardown could hang on the others.
+      traceback.print_exc()
+      sys.stderr.flush()
+      os._exit(1)  # pylint: disable=protected-access
   logging.set_verbosity(logging.ERROR)
   print("Control plane per round against TensorFlow's coordination service "
         "(real gRPC on loopback; SIMULATED lognormal rates, sigma="
