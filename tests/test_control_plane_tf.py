@@ -1,0 +1,47 @@
+"""benchmarks/control_plane_tf.py runs a round against TensorFlow's real
+coordination service and ends by itself: four processes over gRPC, one
+client killed off mid-run (the chief drops it), every process gone at the
+end. It measures; no timing is asserted."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def test_four_tasks_over_the_real_service_measure_and_end(tmp_path):
+  out = tmp_path / "cp_tf.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "control_plane_tf.py"),
+       "--clients=4", "--rounds=5", "--warmup=1", "--slot_s=0.5",
+       "--death_round=3", f"--log={tmp_path / 'tasks.log'}",
+       f"--result_json={out}"], capture_output=True, text=True, timeout=170,
+      cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "SIMULATED" in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["heterogeneity"] == "SIMULATED"
+  assert result["store"] == "tensorflow coordination service"
+  assert result["stopped"] is None
+  [r] = result["results"]
+  n = r["workers"]
+  assert n == 4 and r["rounds"] == 3, r  # rounds 1..4 less the death round
+  assert r["kv_ops"] <= 4 * n + 8 and r["kv_ops_max"] <= 4 * n + 8, r
+  assert r["bytes_out_of_chief_mb"] > 0, r
+  assert r["chief_cpu_ms"] > 0 and r["chief_wall_ms"] > 0, r
+  assert r["client_get_ms_p50"] > 0 and r["client_set_ms_p50"] > 0, r
+  assert r["dropped"] == 1, r  # the client that exited, seen gone
+  assert r["client_private_mb"] > 0 and r["chief_rss_mb"] > 0, r
+  assert len(r["pids"]) == n
+  assert not [p for p in r["pids"] if _alive(p)], r["pids"]
