@@ -59,7 +59,8 @@ flags.DEFINE_float("chief_at", 0.3, "When in its slot the chief arrives.")
 flags.DEFINE_float("read_at", 0.7, "When in its slot the clients read.")
 flags.DEFINE_float("sigma", 0.5, "Lognormal sigma of the SIMULATED rates.")
 flags.DEFINE_integer("seed", 0, "Seed of the rates.")
-flags.DEFINE_enum("distribution", "full", list(membership.DISTRIBUTIONS),
+flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
+                  list(membership.DISTRIBUTIONS),
                   "How members get the round's table (membership.py).")
 flags.DEFINE_integer("death_round", -1, "Round in which the last client "
                      "exits before posting its row (-1: none).")
