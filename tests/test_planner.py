@@ -313,6 +313,17 @@ def test_quantized_steps_are_whole_calls_and_never_fewer(table, quantum):
     assert sum(q.weights[i] for i in g) == pytest.approx(1.0)
 
 
+def _global_sync_plan(steps):
+  """A global sync of len(steps) workers weighted by their work."""
+  n = len(steps)
+  groups = (tuple(range(n)),)
+  weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
+  return records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
+                      groups=groups, weights=weights, update_scales=scales,
+                      global_sync=True, stragglers=(), rates=(1.0,) * n,
+                      state=records.PlannerState(period=4.0, global_every=4))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 10), st.data())
 def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):
@@ -322,12 +333,7 @@ def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):
   steps = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
   sound = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
   members = list(range(n))
-  groups = (tuple(members),)
-  weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
-  p = records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
-                   groups=groups, weights=weights, update_scales=scales,
-                   global_sync=True, stragglers=(), rates=(1.0,) * n,
-                   state=records.PlannerState(period=4.0, global_every=4))
+  p = _global_sync_plan(steps)
   parts = [plan_changes.host_part(p, i, hosts, members, sound) for i in members]
   composed = [parts[i].weight_in_host * parts[parts[i].host[0]].host_share
               for i in members]
@@ -356,12 +362,7 @@ def test_a_sync_in_racks_of_host_leaders_weighs_like_the_flat_average(
   steps = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
   sound = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
   members = list(range(n))
-  groups = (tuple(members),)
-  weights, scales = planner.weights_and_scales(groups, tuple(steps), "work")
-  p = records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
-                   groups=groups, weights=weights, update_scales=scales,
-                   global_sync=True, stragglers=(), rates=(1.0,) * n,
-                   state=records.PlannerState(period=4.0, global_every=4))
+  p = _global_sync_plan(steps)
   parts = [plan_changes.host_part(p, i, hosts, members, sound, max_leaders)
            for i in members]
   composed = [parts[i].weight_in_host * parts[parts[i].host[0]].host_share *
