@@ -181,16 +181,13 @@ def plan(table: StepRateTable, config, round_: int,
   # straggler takes one step and is waited for no longer than that.
   time_budget = _whole_slow_steps(max(period / fastest, 1.0 / slowest),
                                   slowest)
-  local_steps = _all_steps_in(rates, time_budget)
   overshoot = getattr(config, "max_overshoot", None)
   target = getattr(config, "min_utilization", None)
   if target is not None:
     time_budget = _budget_for_utilization(
         rates, time_budget, slowest, target, overshoot,
         config.max_period / fastest)
-    local_steps = _all_steps_in(rates, time_budget)
-  if overshoot is not None:
-    local_steps = _capped(local_steps, rates, time_budget, overshoot)
+  local_steps = _all_steps_in(rates, time_budget, overshoot)
   if len(bad) == n:  # nothing measured yet: short, equal probe rounds
     local_steps = (max(1, min(PROBE_STEPS, int(period))),) * n
     time_budget = local_steps[0] / slowest  # all planned at the same rate
@@ -260,33 +257,36 @@ def weights_and_scales(groups, local_steps, weighting):
   return tuple(weights), tuple(scales)
 
 
-def _all_steps_in(rates, budget):
+def _all_steps_in(rates, budget, overshoot=None):
   """k_i = rate_i * T to the nearest step (>= 1) for every worker: each
   arrives within half a step of T, early or late. (Flooring would make
   measured rates a hair under nominal cost the fast workers a whole step of
-  idling every round.) Vectorized: 10,000 workers in a millisecond."""
-  return tuple(_steps_array(np.asarray(rates, float), budget).astype(
-      np.int64).tolist())
+  idling every round.) With `overshoot`, see `_steps_array`. Vectorized:
+  10,000 workers in a millisecond."""
+  return tuple(_steps_array(np.asarray(rates, float), budget,
+                            overshoot).astype(np.int64).tolist())
 
 
-def _steps_array(rates, budget):
-  return np.maximum(1.0, np.floor(rates * budget + 0.5))
-
-
-def _capped(local_steps, rates, budget, overshoot):
-  """One step fewer (>= 1) for every worker whose k_i would arrive more
-  than `overshoot` x T late. With many workers, one whose rate x T is just
-  under 1.5 rounds up to 2 steps and arrives a third of T late; the round
-  waits for the latest arrival, so that rounding costs everyone."""
-  late = budget * (1.0 + overshoot)
-  return tuple(k - 1 if k > 1 and k / r > late else k
-               for k, r in zip(local_steps, rates))
+def _steps_array(rates, budget, overshoot=None):
+  """`_all_steps_in` as a float array. With `overshoot`, one step fewer
+  (>= 1) for every worker whose k_i would arrive more than `overshoot` x T
+  late: with many workers, one whose rate x T is just under 1.5 rounds up
+  to 2 steps and arrives a third of T late; the round waits for the latest
+  arrival, so that rounding costs everyone."""
+  k = np.maximum(1.0, np.floor(rates * budget + 0.5))
+  if overshoot is not None:
+    k = np.where((k > 1) & (k / rates > budget * (1.0 + overshoot)), k - 1, k)
+  return k
 
 
 def planned_utilization(local_steps, rates):
   """The round's compute share if every worker runs at its rate: the
   members' compute over n times the latest arrival (the round ends there)."""
-  compute = np.asarray(local_steps, float) / np.asarray(rates, float)
+  return _compute_share(np.asarray(local_steps, float) /
+                        np.asarray(rates, float))
+
+
+def _compute_share(compute):
   return float(compute.sum() / (len(compute) * compute.max()))
 
 
@@ -305,11 +305,7 @@ def _budget_for_utilization(rates, budget, slowest, target, overshoot,
   best_u, best_b = -1.0, budget
   for count in range(first, max(first, int(longest * slowest)) + 1):
     b = count / slowest
-    k = _steps_array(r, b)
-    if overshoot is not None:
-      k = np.where((k > 1) & (k / r > b * (1.0 + overshoot)), k - 1, k)
-    compute = k / r
-    u = compute.sum() / (len(r) * compute.max())
+    u = _compute_share(_steps_array(r, b, overshoot) / r)
     if u > best_u:
       best_u, best_b = u, b
     if u >= target:
