@@ -7,7 +7,11 @@ from oscars_tf.protocol import kv_store
 
 
 class FakeStore(kv_store.MemoryStore):
-  """The in-memory store, and a way for a test to wait for a key."""
+  """The in-memory store, and a way for a test to wait for a key. It says
+  it serves 4 reads at once, as the real service does (16), so that the
+  protocol tests walk the threaded reads (kv_store.values_unless_gone)."""
+
+  concurrent_reads = 4
 
   def wait_for_key(self, key, timeout_s=10):
     """Blocks until `key` is set (what another thread has done by then)."""

@@ -19,8 +19,8 @@ import json
 import time
 
 from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.protocol import kv_store
 from oscars_tf.protocol.kv_store import KeyMissing
-from oscars_tf.protocol.membership import value_unless_gone
 
 PREFIX = "oscars_tf/agree/"
 KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
@@ -64,17 +64,17 @@ class Agreements:
 
   def _decide(self, base, members, numbers):
     result = {0: [float(x) for x in numbers]}
-    deadline = time.monotonic() + self.straggler_timeout
-    for j in members:
-      if j == 0:
-        continue
-      text = value_unless_gone(self.store, f"{base}/{j}", deadline,
-                               lambda j=j: self.is_gone(j))
-      if text is None:
-        continue  # late or gone: left out of this result
-      result[j] = json.loads(text)
-      self.store.delete(f"{base}/{j}")
-    self.store.delete(f"{base}/0")
+    others = [j for j in members if j != 0]
+    texts = kv_store.values_unless_gone(
+        self.store, [f"{base}/{j}" for j in others],
+        time.monotonic() + self.straggler_timeout,
+        lambda i: self.is_gone(others[i]))
+    for j, text in zip(others, texts):
+      if text is not None:  # else late or gone: left out of this result
+        result[j] = json.loads(text)
+    # Every number read (or late: its member deletes it on finding itself
+    # out): one call deletes them all, a directory.
+    self.store.delete(base)
     self.store.set(base, json.dumps({str(j): v for j, v in result.items()}))
     self._published.append(base)
     if len(self._published) > KEEP_RESULTS:

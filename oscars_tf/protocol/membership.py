@@ -30,12 +30,12 @@ import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
-PROBE_EVERY_S = 0.5  # the chief checks a late member's process this often
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 KEEP_SNAPSHOTS = 4  # whole snapshots kept ("deltas" distribution)
 DISTRIBUTIONS = ("deltas", "full")
@@ -166,12 +166,10 @@ class Membership:
     `timeout` s) until every member has said it is done or its process is
     gone; a member still finishing (evaluating, writing its results) would
     otherwise lose the store under its feet."""
-    deadline = time.monotonic() + timeout
-    for j in self.members:
-      if j == self.me:
-        continue
-      value_unless_gone(self.store, f"{PREFIX}done/{j}", deadline,
-                        lambda j=j: self.is_gone(j))
+    others = [j for j in self.members if j != self.me]
+    kv_store.values_unless_gone(
+        self.store, [f"{PREFIX}done/{j}" for j in others],
+        time.monotonic() + timeout, lambda i: self.is_gone(others[i]))
 
   def _timeout(self, round_):
     return self.first_round_timeout if round_ == 0 else self.decision_timeout
@@ -320,11 +318,11 @@ class Membership:
     deadline = t0 + wait + (self.straggler_timeout if round_ else
                             self.first_round_timeout)
     arrived, dropped = [0], []
-    for j in self.members:
-      if j == 0:
-        continue
-      text = value_unless_gone(self.store, f"{PREFIX}a/{round_}/{j}",
-                               deadline, lambda j=j: self.is_gone(j))
+    others = [j for j in self.members if j != 0]
+    texts = kv_store.values_unless_gone(
+        self.store, [f"{PREFIX}a/{round_}/{j}" for j in others], deadline,
+        lambda i: self.is_gone(others[i]))
+    for j, text in zip(others, texts):
       if text is None:
         dropped.append(j)
         self.events.append((round_, "dropped", j, time.monotonic() - t0))
@@ -333,10 +331,10 @@ class Membership:
         arrived.append(j)
     newcomers = []
     was_member = set(self.members)  # a set: `in` a tuple is O(workers)
-    for j in range(1, self.n):
-      if j in was_member:
-        continue
-      text = self._try_get(f"{PREFIX}j/{j}")
+    outside = [j for j in range(1, self.n) if j not in was_member]
+    asked = kv_store.values_unless_gone(  # no waiting: asked already or not
+        self.store, [f"{PREFIX}j/{j}" for j in outside], time.monotonic())
+    for j, text in zip(outside, asked):
       if text is not None:
         self.store.delete(f"{PREFIX}j/{j}")
         rows[j] = _load(text)
@@ -353,17 +351,6 @@ class Membership:
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
-
-
-def value_unless_gone(store, key, deadline, gone):
-  """`key`'s value, or None if it is not set by `deadline` (monotonic) or
-  `gone()` turns True first (checked every PROBE_EVERY_S while waiting)."""
-  while True:
-    try:
-      return store.get(key, min(PROBE_EVERY_S, _left(deadline)))
-    except KeyMissing:
-      if _left(deadline) <= 0 or gone():
-        return None
 
 
 def connection_refused(address, timeout_s=0.5):

@@ -1,0 +1,102 @@
+"""kv_store.values_unless_gone: a round's keys read several at a time, in
+key order, each None when not set by the deadline or its writer is gone."""
+
+import threading
+import time
+
+import pytest
+
+from oscars_tf.protocol import kv_store
+from tests import fake_store
+
+
+class _Store(kv_store.MemoryStore):
+
+  def __init__(self, width):
+    super().__init__()
+    self.concurrent_reads = width
+    self.readers = set()  # threads that called get
+    self._lock = threading.Lock()
+
+  def get(self, key, timeout_s):
+    with self._lock:
+      self.readers.add(threading.get_ident())
+    return super().get(key, timeout_s)
+
+
+class _BarrierStore(kv_store.MemoryStore):
+  """Every get waits until `parties` gets are in flight at once: reads one
+  at a time would break the barrier (its timeout) and fail."""
+
+  def __init__(self, parties):
+    super().__init__()
+    self.concurrent_reads = parties
+    self.barrier = threading.Barrier(parties, timeout=10)
+
+  def get(self, key, timeout_s):
+    self.barrier.wait()
+    return super().get(key, timeout_s)
+
+
+@pytest.mark.parametrize("width", [1, 4, 16])
+def test_values_come_back_in_key_order_and_missing_ones_as_none(width):
+  store = _Store(width)
+  keys = [f"r/{j}" for j in range(37)]
+  for j in range(37):
+    if j % 5:
+      store.set(keys[j], f"v{j}")
+  values = kv_store.values_unless_gone(store, keys, time.monotonic() + 0.2)
+  assert values == [f"v{j}" if j % 5 else None for j in range(37)]
+  if width == 1:
+    assert len(store.readers) == 1  # the caller's thread only
+
+
+def test_the_reads_are_in_flight_at_the_same_time():
+  store = _BarrierStore(4)
+  keys = [f"r/{j}" for j in range(8)]
+  for k in keys:
+    store.set(k, k)
+  assert kv_store.values_unless_gone(
+      store, keys, time.monotonic() + 30) == keys
+
+
+def test_a_key_set_while_reading_is_read_and_a_gone_writer_is_not_waited():
+  store = fake_store.FakeStore()
+  keys = ["r/0", "r/1", "r/2"]
+  store.set("r/0", "a")
+  gone_asked = threading.Event()
+
+  def gone(i):
+    if i == 2:
+      gone_asked.set()
+      return True
+    return False
+
+  def late_writer():  # after the reader has given up on r/2 (gone)
+    assert gone_asked.wait(30)
+    store.set("r/1", "b")
+  writer = threading.Thread(target=late_writer, daemon=True)
+  writer.start()
+  values = kv_store.values_unless_gone(
+      store, keys, time.monotonic() + 60, gone)
+  writer.join(10)
+  assert values == ["a", "b", None]
+
+
+def test_no_waiting_when_the_deadline_has_passed():
+  store = _Store(4)
+  store.set("j/3", "asked")
+  keys = [f"j/{j}" for j in range(6)]
+  assert kv_store.values_unless_gone(store, keys, time.monotonic() - 1) == [
+      None, None, None, "asked", None, None]
+
+
+def test_a_reader_that_raises_reaches_the_caller():
+  class Broken(kv_store.MemoryStore):
+    concurrent_reads = 3
+
+    def get(self, key, timeout_s):
+      raise RuntimeError(f"service down reading {key}")
+  with pytest.raises(RuntimeError, match="service down"):
+    kv_store.values_unless_gone(Broken(), ["a", "b", "c", "d"],
+                                time.monotonic() + 5)
