@@ -1,6 +1,6 @@
 """kv_store.ContextStore on TensorFlow's real coordination service: what
 the protocol relies on (membership.py deletes a whole round of arrivals
-with one call, a directory delete). Runs a one-task cluster in a child
+with one call, a directory delete; the chief reads them from threads). Runs a one-task cluster in a child
 process: a process joins one cluster only."""
 
 import pathlib
@@ -52,6 +52,14 @@ _CHILD = textwrap.dedent("""
     kv_store.put(store, "m/a/50", "again")
     assert store.get("m/a/50", 1.0) == "again"
     store.delete("m/never-set")  # absent: no error
+    # A round's keys read 16 at a time from threads (the chief's arrivals).
+    import time
+    for j in range(40):
+      store.set(f"m/a/7/{j}", f"row {j}")
+    keys = [f"m/a/7/{j}" for j in range(41)]  # the last one never set
+    values = kv_store.values_unless_gone(store, keys, time.monotonic() + 0.5)
+    assert store.concurrent_reads == 16
+    assert values == [f"row {j}" for j in range(40)] + [None], values
     print("OK")
 """)
 
