@@ -272,3 +272,65 @@ def test_the_table_from_an_array_is_the_table_made_row_by_row():
   assert all(math.isnan(e.sync_cost) for e in short.entries)
   assert ragged.entries[4].round == 2 and math.isnan(
       ragged.entries[4].sync_cost)
+
+
+def test_a_change_within_a_few_tolerances_travels_once_seen_twice():
+  # rate tolerance 2 %: 3 % off waits a round for confirmation, 10 % off
+  # (beyond CONFIRM_BEYOND tolerances) and a NaN change travel at once, a
+  # change that flips direction (noise) never travels.
+  n = 5
+  members = tuple(range(n))
+  base = table_deltas.next_snapshot(table_deltas.empty(n), members, 0)
+  base = table_deltas.apply_cells(base, table_deltas.changed_cells(
+      base, [tuple(_row(j, 0)) for j in range(n)], members))
+  pending = table_deltas.pending_changes(n)
+
+  def round_cells(r, rates):
+    nonlocal base
+    rows = [tuple(_row(j, r, rate=rates.get(j))) for j in range(n)]
+    base = table_deltas.next_snapshot(base, members, r)
+    cells = table_deltas.changed_cells(base, rows, members, pending)
+    base = table_deltas.apply_cells(base, cells)
+    return [(int(c["worker"]), int(c["field"])) for c in cells]
+
+  # worker 1 drifts 3 % up twice; worker 2 goes 3 % up then 3 % down;
+  # worker 3 jumps 10 %; worker 4's rate is lost (NaN).
+  assert round_cells(1, {1: 11 * 1.03, 2: 12 * 1.03, 3: 13 * 1.10,
+                         4: math.nan}) == [(3, 0), (4, 0)]
+  assert pending[1, 0] == 1 and pending[2, 0] == 1
+  assert round_cells(2, {1: 11 * 1.03, 2: 12 * 0.97, 3: 13 * 1.10,
+                         4: math.nan}) == [(1, 0)]
+  assert base[1, 0] == np.float32(11 * 1.03)
+  assert pending[1, 0] == 0 and pending[2, 0] == -1
+  assert round_cells(3, {1: 11 * 1.03, 2: 12 * 1.03, 3: 13 * 1.10,
+                         4: math.nan}) == []
+  assert base[2, 0] == np.float32(12.0)  # noise never reached the table
+  # Without the chief's record every change beyond tolerance travels.
+  rows = [tuple(_row(j, 4, rate={2: 12 * 0.97}.get(j))) for j in range(n)]
+  cells = table_deltas.changed_cells(base, rows, members)
+  assert [(int(c["worker"]), int(c["field"])) for c in cells] == [
+      (1, 0), (2, 0), (3, 0), (4, 0)]
+
+def test_rate_noise_travels_a_fraction_of_the_cells_it_would_without_the_record():
+  # 1,024 members whose measured rates carry 1 % noise every round: the
+  # confirmation rule sends several times fewer cells, and the table stays
+  # within a few tolerances of the true rates.
+  n, rounds = 1024, 12
+  rng = np.random.default_rng(0)
+  true_rates = 10 * rng.lognormal(0.0, 0.5, n)
+  members = tuple(range(n))
+
+  def run(pending):
+    snap, sent = table_deltas.empty(n), []
+    for r in range(rounds):
+      rates = true_rates * rng.lognormal(0.0, 0.01, n)
+      rows = [tuple(_row(j, r, rate=rates[j])) for j in range(n)]
+      snap = table_deltas.next_snapshot(snap, members, r)
+      cells = table_deltas.changed_cells(snap, rows, members, pending)
+      snap = table_deltas.apply_cells(snap, cells)
+      sent.append(int((cells["field"] == 0).sum()))
+    return sum(sent[2:]), snap
+  with_record, snap = run(table_deltas.pending_changes(n))
+  without, _ = run(None)
+  assert with_record * 3 < without, (with_record, without)
+  assert np.max(np.abs(snap[:, 0] / true_rates - 1)) < 0.08

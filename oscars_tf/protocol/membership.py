@@ -102,6 +102,7 @@ class Membership:
     self.distribution = distribution
     self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
     self._snapshot_round = -1
+    self._pending = table_deltas.pending_changes(num_workers)  # the chief's
     if not straggler_timeout > 0 or not decision_timeout > 0:
       raise ValueError("membership timeouts must be > 0 s.")
     self.store = store
@@ -283,7 +284,8 @@ class Membership:
     fresh = table_deltas.member_rows(decision.rows, members)
     ops = table_deltas.column_ops(snapshot, fresh, members)
     snapshot = table_deltas.apply_columns(snapshot, members, ops)
-    cells = table_deltas.changed_cells(snapshot, fresh, members)
+    cells = table_deltas.changed_cells(snapshot, fresh, members,
+                                       self._pending)
     snapshot = table_deltas.apply_cells(snapshot, cells)
     # The whole snapshot, for newcomers and members whose digest differs;
     # the chief's decision is made from it as every member makes theirs.
