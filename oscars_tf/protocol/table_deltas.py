@@ -31,9 +31,17 @@ more than half the field's tolerance); "set every member's value to v"
 after that travel as cells. Without it, such a round cost N² cells out of
 the chief (12.8 MB at 1,024 workers, 2.4 GB at 10,000).
 
-The tolerances make the snapshot a little stale (a rate at most 2 % off):
-the planner plans with it on every member alike, so agreement holds; the
-cost is up to 2 % of a round's time for a worker whose rate drifted.
+Noise: a rate measured over a round moves a little every round, and the
+difference of two noisy samples passes 2 % often (one row in six with 1 %
+noise), each such cell going to every member. So a change of up to
+CONFIRM_BEYOND tolerances travels only once the chief has seen it twice in
+a row in the same direction (`changed_cells`' `pending`); larger changes
+travel at once.
+
+The tolerances make the snapshot a little stale (a rate at most 2 % off,
+up to 8 % for one round while a change is confirmed): the planner plans
+with it on every member alike, so agreement holds; the cost is a few % of
+a round's time for a worker whose rate drifted.
 No TensorFlow.
 """
 
