@@ -164,3 +164,23 @@ def test_groupings_survive_a_rejoiners_json_copy_of_the_state():
                  60)
   assert (config.plan(table, 60, copied).digest() ==
           config.plan(table, 60, state).digest())
+
+
+def test_numpy_floats_hash_as_the_same_bytes_as_one_by_one():
+  # A plan's rates may be numpy floats (the planner's arrays): hashed at
+  # once, they must feed the digest the bytes the per-element rule feeds,
+  # so every worker's digest agrees whichever float type it holds.
+  import hashlib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  for _ in range(100):
+    values = [float(x) for x in rng.lognormal(0, 3, int(rng.integers(1, 40)))]
+    values[int(rng.integers(len(values)))] = float("nan")
+    mixed = tuple(np.float64(v) if rng.random() < 0.5 else v for v in values)
+    mixed = (np.float64(mixed[0]),) + mixed[1:]
+    at_once, one_by_one = hashlib.sha256(), hashlib.sha256()
+    records._hash_into(at_once, mixed)  # pylint: disable=protected-access
+    one_by_one.update(b"(%d" % len(mixed))
+    for v in mixed:
+      records._hash_into(one_by_one, v)  # pylint: disable=protected-access
+    one_by_one.update(b")")
+    assert at_once.digest() == one_by_one.digest()

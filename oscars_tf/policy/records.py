@@ -150,6 +150,7 @@ class Plan:
 
 
 _LOW_BITS = np.uint64(0xFFF)  # ~12 significant digits kept, as to_json
+_TAGGED_FLOAT = np.dtype([("tag", "S1"), ("bits", np.uint64)])  # packed
 
 
 def _hash_into(h, value):
@@ -170,6 +171,15 @@ def _hash_into(h, value):
     elif value and all(type(v) is float for v in value):  # pylint: disable=unidiomatic-typecheck
       bits = np.asarray(value, np.float64).view(np.uint64) & ~_LOW_BITS
       h.update(b"f" + bits.tobytes())
+    elif value and all(isinstance(v, float) for v in value):
+      # numpy floats among them: the bytes the per-element branch below
+      # feeds (b"f" and the bits, each), made at once (10,000 rates: 50 ms
+      # one by one).
+      each = np.empty(len(value), _TAGGED_FLOAT)
+      each["tag"] = b"f"
+      each["bits"] = (np.asarray(value, np.float64).view(np.uint64)
+                      & ~_LOW_BITS)
+      h.update(each.tobytes())
     else:
       for v in value:
         _hash_into(h, v)
