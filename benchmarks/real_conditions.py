@@ -27,6 +27,8 @@ strategy, one real multi-process job after another:
   local_sgd    OscarsStrategy, Fixed(every=P), the best P of --periods
   oscars       OscarsStrategy(): the default, untuned
   oscars_bf16  OscarsStrategy(averaging_dtype="bfloat16")
+  oscars_util97  Adaptive(min_utilization=0.97, max_overshoot=0.02)
+               (opt-in, --strategies only)
 
 By default each profile runs the baselines its goals need: sync_tf, ps and
 oscars everywhere, local_sgd in cpu_uneven, oscars_bf16 where links are
@@ -55,7 +57,8 @@ from absl import flags
 import accuracy_runs  # benchmarks/accuracy_runs.py
 
 PROFILES = ("even", "cpu_uneven", "slow_links", "both")
-STRATEGIES = ("sync_tf", "ps", "local_sgd", "oscars", "oscars_bf16")
+STRATEGIES = ("sync_tf", "ps", "local_sgd", "oscars", "oscars_bf16",
+              "oscars_util97")
 # Each profile's strategies by default: every baseline the goals
 # compare against there (the full run must fit in 20 minutes); --strategies
 # runs the same list in every profile.
@@ -69,7 +72,9 @@ TRAIN_ARGS = {
     "ps": ["--strategy=parameter_server"],
     "local_sgd": ["--strategy=local_sgd"],
     "oscars": ["--strategy=oscars"],
-    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"]}
+    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
+    "oscars_util97": ["--strategy=oscars", "--min_utilization=0.97",
+                      "--max_overshoot=0.02"]}
 
 flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
                   "local_sgd with one period, oscars; 4 epochs): under 3 "

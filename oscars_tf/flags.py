@@ -58,6 +58,18 @@ flags.DEFINE_enum("grouping", "host", list(schedules.GROUPINGS),
 flags.DEFINE_integer("global_every", 4, "oscars: rounds between global "
                      "syncs when groups are smaller than the cluster.",
                      lower_bound=1)
+flags.DEFINE_integer("max_group_size", None, "oscars: most members of a "
+                     "group (default: 64); a global sync goes host by host.",
+                     lower_bound=2)
+flags.DEFINE_integer("max_groupings", None, "oscars: most distinct "
+                     "groupings a run makes (default: 16).", lower_bound=1)
+flags.DEFINE_float("max_overshoot", None, "oscars: a worker that would "
+                   "arrive more than this fraction of T late takes one step "
+                   "fewer (default: none; e.g. 0.02).", lower_bound=0.0)
+flags.DEFINE_float("min_utilization", None, "oscars: T grows by whole steps "
+                   "of the slowest worker until the planned compute share "
+                   "reaches this (default: none; e.g. 0.97: fewer, longer "
+                   "rounds).", lower_bound=1e-6, upper_bound=1.0)
 flags.DEFINE_enum("weighting", "work", list(schedules.WEIGHTINGS),
                   "oscars: how members' models are weighted in an average.")
 flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
@@ -129,7 +141,9 @@ def make_schedule(flag_values=FLAGS):
   return schedules.Adaptive(
       period_rule=rule, initial_period=f.initial_period,
       min_period=f.min_period, max_period=f.max_period, grouping=f.grouping,
-      global_every=f.global_every, weighting=f.weighting)
+      global_every=f.global_every, weighting=f.weighting,
+      max_group_size=f.max_group_size, max_groupings=f.max_groupings,
+      max_overshoot=f.max_overshoot, min_utilization=f.min_utilization)
 
 
 def make_resolver(flag_values=FLAGS):
