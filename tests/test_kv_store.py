@@ -100,3 +100,35 @@ def test_a_reader_that_raises_reaches_the_caller():
   with pytest.raises(RuntimeError, match="service down"):
     kv_store.values_unless_gone(Broken(), ["a", "b", "c", "d"],
                                 time.monotonic() + 5)
+
+
+def test_reads_from_an_atexit_handler_still_read_every_key():
+  # The chief waits for the others' "done" from an atexit handler, after
+  # Python's thread pools stopped taking work: the reads go on in the
+  # caller's thread (else the chief left at once and took the store).
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import textwrap  # pylint: disable=g-import-not-at-top
+  program = textwrap.dedent("""
+      import atexit, time
+      from oscars_tf.protocol import kv_store
+
+      class Store(kv_store.MemoryStore):
+        concurrent_reads = 4
+
+      store = Store()
+      for j in range(6):
+        store.set(f"k/{j}", str(j))
+      kv_store.values_unless_gone(store, ["k/0", "k/1"], time.monotonic() + 1)
+
+      def at_exit():
+        keys = [f"k/{j}" for j in range(7)]
+        print("READ", kv_store.values_unless_gone(
+            store, keys, time.monotonic() + 0.2))
+      atexit.register(at_exit)
+  """)
+  proc = subprocess.run([sys.executable, "-c", program], capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "READ ['0', '1', '2', '3', '4', '5', None]" in proc.stdout, (
+      proc.stdout, proc.stderr[-2000:])

@@ -54,8 +54,19 @@ def values_unless_gone(store, keys, deadline, gone=None):
     for i in range(first, len(keys), width):
       values[i] = value_unless_gone(
           store, keys[i], deadline, lambda i=i: stop.is_set() or gone(i))
+  futures = []
   try:
-    for f in [_readers(width).submit(read_stride, t) for t in range(width)]:
+    try:
+      pool = _readers(width)
+      for t in range(width):
+        futures.append(pool.submit(read_stride, t))
+    except RuntimeError:
+      # The interpreter is exiting (the chief waits for the others from an
+      # atexit handler, after the pools stopped taking work): the strides
+      # not handed to a thread are read here, one key at a time.
+      for t in range(len(futures), width):
+        read_stride(t)
+    for f in futures:
       f.result()
   finally:
     stop.set()
