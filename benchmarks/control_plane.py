@@ -64,6 +64,10 @@ flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
 flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
                    "noise on the light clients' reported rates and losses "
                    "(0: each reports its true rate every round).")
+flags.DEFINE_float("sync_cost_s", 0.1, "SIMULATED seconds an averaging "
+                   "point costs every worker (its row's sync cost, which the "
+                   "planner's cost-aware period reads); not this process's "
+                   "own timing, so plans do not depend on the machine.")
 flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
                    "max_overshoot (None: its default).")
 flags.DEFINE_float("min_utilization", None, "The Adaptive schedule's "
@@ -125,8 +129,10 @@ def _info(me, hosts):
 
 
 def _row(rate, round_, steps, loss):
-  # planner FIELDS: rate, round, loss, divergence, lr, steps, healthy, out
-  return [rate, round_, loss, float("nan"), 0.1, steps, 1.0, 0.0]
+  # records.FIELDS, as a round book posts them: rate, round, loss,
+  # divergence, learning rate, steps, healthy, exhausted, sync cost
+  return [rate, round_, loss, float("nan"), 0.1, steps, 1.0, 0.0,
+          FLAGS.sync_cost_s if round_ else float("nan")]
 
 
 def measure(n, rng):
@@ -188,6 +194,7 @@ def measure(n, rng):
       step = b.last_sync_step + b.plan.local_steps[j]
       part = b.arrive(step, 1.0, True)
       b.averaged(part.table, 0.0, step, 0)
+      b._last_sync_cost = FLAGS.sync_cost_s  # SIMULATED, as the others'  # pylint: disable=protected-access
       cpu[j] = time.thread_time() - t0
     threads = [threading.Thread(target=one_round, args=(j,)) for j in sampled]
     for t in threads:

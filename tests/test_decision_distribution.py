@@ -3,6 +3,7 @@ changes (table_deltas.py, Membership(distribution="deltas")) on an
 in-memory store: round trips, agreement under deaths and rejoins, and the
 bytes that leave the chief per round."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -55,10 +56,33 @@ def test_a_decision_survives_the_compact_form_with_nan_and_missing_rows():
   assert len(big.encode()) < 4 / 3 * (4 * 9 * n + 4 * n) + 100
 
 
-def test_a_row_survives_its_compact_form_exactly():
+def test_rows_survive_their_compact_form_exactly_into_one_table():
   row = [12.345678901234, 3.0, math.nan, 1e-9, 0.1]
-  back = decision_codec.decode_row(decision_codec.encode_row(row))
+  texts = {j: decision_codec.encode_row([x * j for x in row])
+           for j in (1, 3)}
+  table = decision_codec.rows_array(5, texts)
+  back = table[1].tolist()
   assert back[0] == row[0] and math.isnan(back[2]) and back[3] == 1e-9
+  assert table[3, 0] == row[0] * 3 and np.isnan(table[[0, 2, 4]]).all()
+  # Rows of different widths (and a row given as floats: the chief's own)
+  # are NaN-padded to the widest.
+  texts[4] = decision_codec.encode_row(row[:2])
+  texts[0] = decision_codec.encode_row([7.0, 8.0, 9.0, 10.0, 11.0, 12.0])
+  table = decision_codec.rows_array(5, texts)
+  assert table.shape == (5, 6) and table[0, 5] == 12.0
+  assert table[4, :2].tolist() == row[:2] and np.isnan(table[4, 2:]).all()
+  assert table[1, :5].tolist()[:2] == row[:2] and np.isnan(table[1, 5])
+  # Rows of 9 fields (72 bytes: base64 without padding, as workers post
+  # them) are decoded as one text; rows of 8 are padded, one at a time:
+  # the same numbers either way.
+  for width in (8, 9):
+    rows = np.random.default_rng(width).normal(size=(6, width))
+    rows[2, 3] = math.nan
+    texts = {j: decision_codec.encode_row(rows[i])
+             for i, j in enumerate((0, 2, 3, 5, 6, 9))}
+    table = decision_codec.rows_array(10, texts)
+    np.testing.assert_array_equal(table[[0, 2, 3, 5, 6, 9]], rows)
+    assert np.isnan(table[[1, 4, 7, 8]]).all()
 
 
 def test_changes_within_tolerance_are_not_sent_and_every_holder_agrees():
@@ -265,6 +289,13 @@ def test_the_table_from_an_array_is_the_table_made_row_by_row():
   ragged = records.StepRateTable.from_rows(rows + [[1.0, 2.0]],
                                            hosts + ("c",))
   assert list(map(repr, whole.entries)) == list(map(repr, ragged.entries[:4]))
+  # Entries from the array are made without TableEntry.__init__: they must
+  # be ones it would make (equal, hashable, still frozen).
+  again = [records.TableEntry(**vars(e)) for e in whole.entries]
+  assert list(whole.entries) == again and hash(whole.entries[0]) == hash(
+      again[0])
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    whole.entries[0].rate = 1.0
   assert [e.round for e in whole.entries] == [3, -1, 3, 3]
   assert whole.entries[2].steps == 7 and not whole.entries[3].healthy
   short = records.StepRateTable.from_rows(np.array([r[:8] for r in rows]),
@@ -334,3 +365,21 @@ def test_rate_noise_travels_a_fraction_of_the_cells_it_would_without_the_record(
   without, _ = run(None)
   assert with_record * 3 < without, (with_record, without)
   assert np.max(np.abs(snap[:, 0] / true_rates - 1)) < 0.08
+
+
+def test_a_decoded_decisions_rows_read_as_tuples_without_being_made_all():
+  # Rows are made when asked for (each member decodes a 10,000-row table a
+  # round); they read, compare, hash and go to JSON as the tuples would.
+  rows = ((1.5, 0.0, 2.0), None, (2.25, 7.0, math.nan))
+  d = membership.Decision(round=3, members=(0, 2), newcomers=(2,),
+                          dropped=(1,), rows=rows)
+  back = membership.Decision.decode(d.encode())
+  assert isinstance(back.rows, decision_codec.RowView)
+  assert len(back.rows) == 3 and back.rows[1] is None
+  assert back.rows[0] == (1.5, 0.0, 2.0) and back.rows[-1][:2] == (2.25, 7.0)
+  assert back.rows[0:2] == ((1.5, 0.0, 2.0), None)
+  same = ((1.5, 0.0, 2.0), None, (2.25, 7.0, 0.5))
+  assert back.rows != same and hash(back.rows) == hash(tuple(back.rows))
+  assert (back.rows[0], back.rows[1]) == same[:2]
+  again = membership.Decision.from_json(back.to_json())
+  assert again.rows[0] == (1.5, 0.0, 2.0) and math.isnan(again.rows[2][2])

@@ -46,16 +46,18 @@ def usable_rates(table: StepRateTable, round_: int, max_staleness: int):
   crashes or skews the plan. The plan names those workers (`imputed`); the
   caller logs when that set changes, not every round.
   """
-  good, bad = {}, []
-  for i, e in enumerate(table.entries):
-    ok = (isinstance(e.rate, float) and math.isfinite(e.rate) and e.rate > 0
-          and e.round >= 0 and round_ - e.round <= max_staleness)
-    if ok:
-      good[i] = e.rate
-    else:
-      bad.append(i)
-  fill = statistics.median(good.values()) if good else 1.0
-  return tuple(good.get(i, fill) for i in range(table.size)), tuple(bad)
+  entries = table.entries
+  # Column by column (10,000 workers: a Python test per row took 10 ms).
+  rates = np.array([e.rate if isinstance(e.rate, float) else math.nan
+                    for e in entries], np.float64)
+  rounds = np.array([e.round for e in entries], np.float64)
+  with np.errstate(invalid="ignore"):
+    ok = (np.isfinite(rates) & (rates > 0) & (rounds >= 0) &
+          (round_ - rounds <= max_staleness))
+  good = rates[ok].tolist()
+  fill = statistics.median(good) if good else 1.0
+  return (tuple(np.where(ok, rates, fill).tolist()),
+          tuple(np.flatnonzero(~ok).tolist()))
 
 
 def make_groups(rates: Sequence[float], hosts: Sequence[str], grouping: str,

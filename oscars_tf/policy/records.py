@@ -81,10 +81,22 @@ def _entries_of(table):
   rate, rnd, loss, div, lr, steps, healthy, exhausted, cost = full.T
   rounds = np.where(np.isfinite(rnd), rnd, -1).astype(np.int64)
   steps = np.where(np.isfinite(steps), steps, 0).astype(np.int64)
-  return tuple(map(TableEntry, rate.tolist(), rounds.tolist(), loss.tolist(),
+  return tuple(map(_entry, rate.tolist(), rounds.tolist(), loss.tolist(),
                    div.tolist(), lr.tolist(), steps.tolist(),
                    (healthy > 0.5).tolist(), (exhausted > 0.5).tolist(),
                    cost.tolist()))
+
+
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(TableEntry))
+
+
+def _entry(*values):
+  """TableEntry(*values), its fields set at once: a frozen dataclass's
+  __init__ sets them one by one through object.__setattr__, which took
+  half of from_rows at 10,000 workers (TableEntry has no __post_init__)."""
+  entry = object.__new__(TableEntry)
+  entry.__dict__.update(zip(_ENTRY_FIELDS, values))
+  return entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,12 +178,13 @@ def _hash_into(h, value):
       _hash_into(h, getattr(value, f.name))
   elif isinstance(value, (tuple, list)):
     h.update(b"(%d" % len(value))
-    if value and all(type(v) is int for v in value):  # pylint: disable=unidiomatic-typecheck
+    kinds = set(map(type, value))  # one pass in C (10,000 rates: 1 ms)
+    if kinds == {int}:
       h.update(b"i" + np.asarray(value, np.int64).tobytes())
-    elif value and all(type(v) is float for v in value):  # pylint: disable=unidiomatic-typecheck
+    elif kinds == {float}:
       bits = np.asarray(value, np.float64).view(np.uint64) & ~_LOW_BITS
       h.update(b"f" + bits.tobytes())
-    elif value and all(isinstance(v, float) for v in value):
+    elif kinds and all(issubclass(k, float) for k in kinds):
       # numpy floats among them: the bytes the per-element branch below
       # feeds (b"f" and the bits, each), made at once (10,000 rates: 50 ms
       # one by one).

@@ -17,6 +17,7 @@ the float64 rows it read, or its plan would differ in the last bits.
 
 import base64
 import binascii
+import collections.abc
 import json
 import struct
 
@@ -35,10 +36,28 @@ def encode_row(row):
   return base64.b64encode(np.asarray(row, "<f8").tobytes()).decode("ascii")
 
 
-def decode_row(text):
-  """The row `encode_row` wrote, as a tuple of floats."""
-  raw = binascii.a2b_base64(text)  # the chief decodes one per member:
-  return struct.unpack(f"<{len(raw) // 8}d", raw)  # no numpy per row
+def rows_array(n, texts):
+  """`texts` ({worker: encode_row text}) as one n x width float64 array,
+  NaN-padded to the widest row and NaN for the workers not in it. Rows of
+  one unpadded width (9 fields: 72 bytes) are decoded as one text: the
+  chief reads one a member each round (10,000 workers: 2 ms, not 11)."""
+  workers, values = list(texts), list(texts.values())
+  raw = None
+  if len(set(map(len, values))) == 1:
+    raw = binascii.a2b_base64("".join(values))
+    # A padded text ends the decoding early: then one at a time.
+    if len(raw) != len(values) * len(binascii.a2b_base64(values[0])):
+      raw = None
+  if raw is not None:
+    rows = np.frombuffer(raw, "<f8").reshape(len(values), -1)
+    table = np.full((n, rows.shape[1]), np.nan)
+    table[workers] = rows
+    return table
+  raws = [binascii.a2b_base64(t) for t in values]
+  table = np.full((n, max(map(len, raws), default=0) // 8), np.nan)
+  for j, r in zip(workers, raws):
+    table[j, :len(r) // 8] = np.frombuffer(r, "<f8")
+  return table
 
 
 def encode_decision(decision):
@@ -48,6 +67,11 @@ def encode_decision(decision):
 
 def decision_bytes(decision):
   members = np.asarray(decision.members, ID_DTYPE)
+  if decision.row_array is not None:
+    return table_bytes(decision.round, len(decision.row_array),
+                       decision.epoch_done, members, decision.newcomers,
+                       decision.dropped, decision.row_array[members],
+                       decision.chief_plan)
   width = max((len(decision.rows[j]) for j in decision.members
                if decision.rows[j] is not None), default=0)
   listed = [decision.rows[j] for j in decision.members]
@@ -113,12 +137,39 @@ def decision_with_array(decision_type, round_, members, newcomers, dropped,
   """A `decision_type` over `table` (n x width, NaN rows for non-members):
   `rows` as tuples for callers that index them, `row_array` kept whole."""
   members = tuple(int(j) for j in members)
-  listed = table[list(members)].tolist()
-  rows = [None] * len(table)
-  for j, r in zip(members, listed):
-    rows[j] = tuple(r)
   return decision_type(
       round=int(round_), members=members,
       newcomers=tuple(int(j) for j in newcomers),
-      dropped=tuple(int(j) for j in dropped), rows=tuple(rows),
+      dropped=tuple(int(j) for j in dropped), rows=RowView(table, members),
       epoch_done=int(epoch_done), chief_plan=plan, row_array=table)
+
+
+class RowView(collections.abc.Sequence):
+  """A decision's rows over its n x width array: row j as a tuple of
+  floats, None for a non-member; made when asked for (every member decodes
+  a 10,000-row table each round, and the round book takes the array
+  whole: tuples for all took 15 ms). Equal to, and hashes as, the tuple of
+  its rows."""
+
+  def __init__(self, table, members):
+    self._table = table
+    self._is_member = np.zeros(len(table), bool)
+    self._is_member[list(members)] = True
+
+  def __len__(self):
+    return len(self._table)
+
+  def __getitem__(self, j):
+    if isinstance(j, slice):
+      return tuple(self[i] for i in range(len(self))[j])
+    return tuple(self._table[j].tolist()) if self._is_member[j] else None
+
+  def __eq__(self, other):
+    return isinstance(other, collections.abc.Sequence) and (
+        tuple(self) == tuple(other))
+
+  def __hash__(self):
+    return hash(tuple(self))
+
+  def __repr__(self):
+    return repr(tuple(self))

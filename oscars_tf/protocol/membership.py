@@ -67,9 +67,10 @@ class Decision:
     return decision_codec.decode_decision(text, cls)
 
   def to_json(self):
-    return json.dumps({f.name: getattr(self, f.name)
-                       for f in dataclasses.fields(self)
-                       if f.name != "row_array"}, allow_nan=True)
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+         if f.name != "row_array"}
+    d["rows"] = tuple(d["rows"])  # a decoded decision's are a RowView
+    return json.dumps(d, allow_nan=True)
 
   @classmethod
   def from_json(cls, text):
@@ -281,7 +282,8 @@ class Membership:
     members = decision.members
     snapshot = table_deltas.next_snapshot(self._snapshot, members, round_,
                                           self._expected_steps)
-    fresh = table_deltas.member_rows(decision.rows, members)
+    fresh = table_deltas.member_rows(decision.row_array[list(members)],
+                                     members)
     ops = table_deltas.column_ops(snapshot, fresh, members)
     snapshot = table_deltas.apply_columns(snapshot, members, ops)
     cells = table_deltas.changed_cells(snapshot, fresh, members,
@@ -313,8 +315,7 @@ class Membership:
   # -- the chief -----------------------------------------------------------
 
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
-    rows = [None] * self.n
-    rows[0] = tuple(my_row)
+    rows = {0: _dump(my_row)}  # store texts, decoded at once
     t0 = time.monotonic()
     wait = min(max(0.0, expected_s), self.decision_timeout)
     deadline = t0 + wait + (self.straggler_timeout if round_ else
@@ -329,7 +330,7 @@ class Membership:
         dropped.append(j)
         self.events.append((round_, "dropped", j, time.monotonic() - t0))
       else:
-        rows[j] = _load(text)
+        rows[j] = text
         arrived.append(j)
     newcomers = []
     was_member = set(self.members)  # a set: `in` a tuple is O(workers)
@@ -339,16 +340,18 @@ class Membership:
     for j, text in zip(outside, asked):
       if text is not None:
         self.store.delete(f"{PREFIX}j/{j}")
-        rows[j] = _load(text)
+        rows[j] = text
         newcomers.append(j)
     # Every arrival of the round is read (or the chief's own): one call
     # deletes them all (a directory), not one RPC per member.
     self.store.delete(f"{PREFIX}a/{round_}")
     if newcomers and callable(chief_plan):  # made only when needed
       chief_plan = chief_plan()
-    decision = Decision(round_, tuple(sorted(arrived + newcomers)),
-                        tuple(newcomers), tuple(dropped), tuple(rows),
-                        epoch_done, chief_plan if newcomers else None)
+    members = tuple(sorted(arrived + newcomers))
+    table = decision_codec.rows_array(self.n, rows)
+    decision = Decision(round_, members, tuple(newcomers), tuple(dropped),
+                        decision_codec.RowView(table, members), epoch_done,
+                        chief_plan if newcomers else None, row_array=table)
     decision = self._publish(decision)
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
@@ -376,10 +379,6 @@ def _left(deadline):
 
 def _dump(row):
   return decision_codec.encode_row(row)
-
-
-def _load(text):
-  return decision_codec.decode_row(text)
 
 
 def _int_or(text, default):

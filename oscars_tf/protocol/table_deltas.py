@@ -102,10 +102,14 @@ def next_snapshot(previous, members, round_, expected_steps=None):
 
 def member_rows(rows, members):
   """The members' rows of `rows` (a sequence of row tuples, None for
-  non-members) as one float32 array, NaN-padded to WIDTH; an array passes
-  through (the chief makes it once a round)."""
+  non-members) as one float32 array, NaN-padded to WIDTH; an array is
+  taken as the members' rows already (the chief makes it once a round)."""
   if isinstance(rows, np.ndarray):
-    return rows
+    if rows.shape[1:] == (WIDTH,) and rows.dtype == np.float32:
+      return rows
+    fresh = np.full((len(rows), WIDTH), np.nan, np.float32)
+    fresh[:, :min(WIDTH, rows.shape[1])] = rows[:, :WIDTH]
+    return fresh
   listed = [rows[j] for j in members]
   try:
     table = np.array(listed, np.float32)
