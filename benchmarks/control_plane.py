@@ -75,6 +75,7 @@ flags.DEFINE_float("min_utilization", None, "The Adaptive schedule's "
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
+_LEARNING_RATE = 0.1  # every worker's, light or real
 STRAGGLER_S = 0.05  # the stalled worker's round costs this, not its timeout
 
 
@@ -131,7 +132,7 @@ def _info(me, hosts):
 def _row(rate, round_, steps, loss):
   # records.FIELDS, as a round book posts them: rate, round, loss,
   # divergence, learning rate, steps, healthy, exhausted, sync cost
-  return [rate, round_, loss, float("nan"), 0.1, steps, 1.0, 0.0,
+  return [rate, round_, loss, float("nan"), _LEARNING_RATE, steps, 1.0, 0.0,
           FLAGS.sync_cost_s if round_ else float("nan")]
 
 
@@ -156,7 +157,8 @@ def measure(n, rng):
     books[j] = round_book.RoundBook(
         _info(j, hosts), schedule, membership=membership.Membership(
             store, j, n, STRAGGLER_S, 30.0, first_round_timeout=30.0,
-            is_gone=lambda k: k in gone, distribution=FLAGS.distribution))
+            is_gone=lambda k: k in gone, distribution=FLAGS.distribution),
+        learning_rate_fn=lambda: _LEARNING_RATE)
     books[j].meter = _TrueRate(rates[j])
     books[j].publish = False
   chief = books[0]

@@ -305,11 +305,13 @@ def test_the_table_from_an_array_is_the_table_made_row_by_row():
       ragged.entries[4].sync_cost)
 
 
-def test_a_change_within_a_few_tolerances_travels_once_seen_twice():
-  # rate tolerance 2 %: 3 % off waits a round for confirmation, 10 % off
-  # (beyond CONFIRM_BEYOND tolerances) and a NaN change travel at once, a
-  # change that flips direction (noise) never travels.
-  n = 5
+def test_a_change_within_a_few_tolerances_travels_once_its_mean_is_seen_twice():
+  # rate tolerance 2 %: a change within CONFIRM_BEYOND tolerances goes
+  # through the cell's running mean (half fresh, half the mean before),
+  # which must be beyond tolerance twice in the same direction; 10 % off
+  # and a NaN change travel at once; a change that flips direction (noise)
+  # never travels.
+  n = 6
   members = tuple(range(n))
   base = table_deltas.next_snapshot(table_deltas.empty(n), members, 0)
   base = table_deltas.apply_cells(base, table_deltas.changed_cells(
@@ -324,23 +326,34 @@ def test_a_change_within_a_few_tolerances_travels_once_seen_twice():
     base = table_deltas.apply_cells(base, cells)
     return [(int(c["worker"]), int(c["field"])) for c in cells]
 
-  # worker 1 drifts 3 % up twice; worker 2 goes 3 % up then 3 % down;
-  # worker 3 jumps 10 %; worker 4's rate is lost (NaN).
-  assert round_cells(1, {1: 11 * 1.03, 2: 12 * 1.03, 3: 13 * 1.10,
-                         4: math.nan}) == [(3, 0), (4, 0)]
-  assert pending[1, 0] == 1 and pending[2, 0] == 1
-  assert round_cells(2, {1: 11 * 1.03, 2: 12 * 0.97, 3: 13 * 1.10,
-                         4: math.nan}) == [(1, 0)]
-  assert base[1, 0] == np.float32(11 * 1.03)
-  assert pending[1, 0] == 0 and pending[2, 0] == -1
-  assert round_cells(3, {1: 11 * 1.03, 2: 12 * 1.03, 3: 13 * 1.10,
-                         4: math.nan}) == []
+  # worker 1 drifts 3 % up and stays; worker 2 goes 3 % up, then down;
+  # worker 3 jumps 10 %; worker 4's rate is lost (NaN); worker 5 drifts
+  # 6 % up and stays.
+  drifts = {1: 11 * 1.03, 3: 13 * 1.10, 4: math.nan, 5: 15 * 1.06}
+  assert round_cells(1, {**drifts, 2: 12 * 1.03}) == [(3, 0), (4, 0)]
+  assert base[3, 0] == np.float32(13 * 1.10)  # as measured
+  assert pending.direction[5, 0] == 1 and pending.direction[1, 0] == 0
+  assert round_cells(2, {**drifts, 2: 12 * 0.97}) == [(5, 0)]
+  # 5's mean: 3 % then 4.5 % off; it travels as that mean.
+  np.testing.assert_allclose(base[5, 0], 15 * 1.045, rtol=1e-6)
+  assert pending.direction[1, 0] == 1 and pending.direction[2, 0] == 0
+  assert round_cells(3, {**drifts, 2: 12 * 1.03}) == [(1, 0)]
+  np.testing.assert_allclose(base[1, 0], 11 * (1 + 0.015 * 1.75),
+                             rtol=1e-6)
+  assert round_cells(4, {**drifts, 2: 12 * 0.97}) == []
   assert base[2, 0] == np.float32(12.0)  # noise never reached the table
-  # Without the chief's record every change beyond tolerance travels.
-  rows = [tuple(_row(j, 4, rate={2: 12 * 0.97}.get(j))) for j in range(n)]
+  # 5's mean since it travelled: 1.4 % off, twice (its record), 3's none.
+  off = 15 * 1.06 / np.float32(15 * 1.045) - 1
+  np.testing.assert_allclose(pending.deviation[5, 0], 0.75 * off, rtol=1e-4)
+  assert pending.deviation[3, 0] == 0 and pending.direction[5, 0] == 0
+  # Without the chief's record every change beyond tolerance travels, as
+  # measured.
+  rows = [tuple(_row(j, 5, rate={2: 12 * 0.97}.get(j))) for j in range(n)]
   cells = table_deltas.changed_cells(base, rows, members)
   assert [(int(c["worker"]), int(c["field"])) for c in cells] == [
-      (1, 0), (2, 0), (3, 0), (4, 0)]
+      (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]
+  assert cells["value"][1] == np.float32(12 * 0.97)
+
 
 def test_rate_noise_travels_a_fraction_of_the_cells_it_would_without_the_record():
   # 1,024 members whose measured rates carry 1 % noise every round: the
