@@ -30,6 +30,7 @@ import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import dense_columns
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
@@ -288,7 +289,10 @@ class Membership:
     snapshot = table_deltas.apply_columns(snapshot, members, ops)
     cells = table_deltas.changed_cells(snapshot, fresh, members,
                                        self._pending)
-    snapshot = table_deltas.apply_cells(snapshot, cells)
+    blocks, cells = dense_columns.split(cells, members,
+                                        table_deltas.TOLERANCE)
+    snapshot = table_deltas.apply_cells(
+        dense_columns.apply(snapshot, members, blocks), cells)
     # The whole snapshot, for newcomers and members whose digest differs;
     # the chief's decision is made from it as every member makes theirs.
     self.store.set(f"{PREFIX}s/{round_}", base64.b64encode(
@@ -299,7 +303,8 @@ class Membership:
     self.store.delete(f"{PREFIX}s/{round_ - KEEP_SNAPSHOTS}")
     self.store.set(f"{PREFIX}d/{round_}", table_deltas.encode(
         round_, self.n, decision.epoch_done, decision.newcomers,
-        decision.dropped, cells, table_deltas.digest(snapshot), ops))
+        decision.dropped, cells, table_deltas.digest(snapshot), ops,
+        blocks))
     self._snapshot, self._snapshot_round = snapshot, round_
     return decision_codec.decision_with_array(
         Decision, round_, members, decision.newcomers, decision.dropped,

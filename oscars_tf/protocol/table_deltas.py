@@ -56,6 +56,7 @@ import struct
 import numpy as np
 
 from oscars_tf.policy import records
+from oscars_tf.protocol import dense_columns
 
 WIDTH = len(records.FIELDS)
 ROUND = records.FIELDS.index("round")
@@ -72,9 +73,9 @@ CONFIRM_BEYOND = 4.0
 # late, a smaller one two or more (changed_cells).
 SMOOTHING = 0.5
 # magic, round, workers, epoch_done, newcomers, dropped, changed cells,
-# digest of the resulting snapshot, column operations
-_HEADER = struct.Struct("<4sqiqiii8sB")
-_MAGIC = b"otd2"
+# digest of the resulting snapshot, column operations, dense blocks
+_HEADER = struct.Struct("<4sqiqiii8sBB")
+_MAGIC = b"otd3"
 _CELL = np.dtype([("worker", "<i4"), ("field", "u1"), ("value", "<f4")])
 # One per field: what to do to every member's value of it (only those
 # other than KEEP travel, as (field, op, value)).
@@ -239,7 +240,7 @@ def apply_cells(snap, cells):
 
 
 def encode(round_, n, epoch_done, newcomers, dropped, cells, snap_digest,
-           ops=None):
+           ops=None, blocks=()):
   """One round's changes as store text (base64: the coordination
   service's values are UTF-8 text)."""
   if ops is None:
@@ -251,9 +252,11 @@ def encode(round_, n, epoch_done, newcomers, dropped, cells, snap_digest,
   listed["value"] = ops["value"][fields]
   return base64.b64encode(b"".join((
       _HEADER.pack(_MAGIC, round_, n, epoch_done, len(newcomers),
-                   len(dropped), len(cells), snap_digest, len(listed)),
+                   len(dropped), len(cells), snap_digest, len(listed),
+                   len(blocks)),
       listed.tobytes(), np.asarray(newcomers, "<i4").tobytes(),
-      np.asarray(dropped, "<i4").tobytes(), cells.tobytes()))).decode("ascii")
+      np.asarray(dropped, "<i4").tobytes(), cells.tobytes(),
+      dense_columns.pack(blocks)))).decode("ascii")
 
 
 class Changes:
@@ -262,7 +265,7 @@ class Changes:
   def __init__(self, text):
     data = base64.b64decode(text)
     (magic, self.round, self.n, self.epoch_done, k, d, c, self.digest,
-     o) = _HEADER.unpack_from(data)
+     o, b) = _HEADER.unpack_from(data)
     if magic != _MAGIC:
       raise ValueError(f"not a table delta (magic {magic!r})")
     at = _HEADER.size
@@ -276,6 +279,7 @@ class Changes:
     self.dropped = tuple(np.frombuffer(data, "<i4", d, at).tolist())
     at += 4 * d
     self.cells = np.frombuffer(data, _CELL, c, at)
+    self._blocks = (data, at + self.cells.nbytes, b)  # need the members
 
   def members_after(self, previous_members):
     gone = set(self.dropped)
@@ -287,7 +291,10 @@ class Changes:
     None when the result's digest does not match the chief's."""
     members = self.members_after(previous_members)
     snap = next_snapshot(previous, members, self.round, expected_steps)
-    snap = apply_cells(apply_columns(snap, members, self.ops), self.cells)
+    data, at, count = self._blocks
+    blocks, _ = dense_columns.unpack(data, at, count, len(members))
+    snap = apply_columns(snap, members, self.ops)
+    snap = apply_cells(dense_columns.apply(snap, members, blocks), self.cells)
     if digest(snap) != self.digest:
       return None
     return snap, members
