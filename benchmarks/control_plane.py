@@ -13,6 +13,8 @@ of the chief is counted. Speeds are SIMULATED: lognormal step rates (seeded),
 `--workers_per_host` workers per host; a worker's compute time in a round is
 its planned steps over its true rate, so the plan's quality shows as the
 simulated cluster utilization (compute / (workers x slowest arrival)).
+Every worker reports a SIMULATED sync cost (`--sync_cost_s`), not this
+process's timing, so the plans do not depend on the machine.
 Injected: `--deaths` workers gone for good at round `--fault_round` (the
 chief sees their process gone) and `--stalls` that miss one round (dropped
 after the straggler timeout, rejoin the next).
@@ -332,7 +334,8 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.ERROR)  # drops and rejoins are expected
   rng = np.random.default_rng(FLAGS.seed)
-  print("Control plane per round (SIMULATED speeds, in-memory store, "
+  print("Control plane per round (SIMULATED speeds and sync cost "
+        f"{FLAGS.sync_cost_s} s, in-memory store, "
         f"lognormal sigma={FLAGS.sigma}, {FLAGS.workers_per_host} workers "
         f"per host, grouping={FLAGS.grouping}, distribution="
         f"{FLAGS.distribution}, noise={FLAGS.noise})")
@@ -362,7 +365,8 @@ def main(argv):
                                          "sigma", "sampled", "deaths",
                                          "stalls", "fault_round", "seed",
                                          "grouping", "distribution",
-                                         "noise", "max_overshoot",
+                                         "noise", "sync_cost_s",
+                                         "max_overshoot",
                                          "min_utilization")},
                  "results": results}, f, indent=1)
   return 0

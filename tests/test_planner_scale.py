@@ -160,6 +160,11 @@ def test_groupings_survive_a_rejoiners_json_copy_of_the_state():
   state = plans[-1].state
   copied = records.PlannerState(**json.loads(json.dumps(
       dataclasses.asdict(state))))
+  # The round book sends the state's fields as they are (no deep copy):
+  # the same JSON.
+  assert json.dumps({f.name: getattr(state, f.name)
+                     for f in dataclasses.fields(state)}) == json.dumps(
+                         dataclasses.asdict(state))
   table = _table(_lognormal(64, seed=5), [f"h{i // 8}" for i in range(64)],
                  60)
   assert (config.plan(table, 60, copied).digest() ==

@@ -178,12 +178,15 @@ class RoundBook:
     if self.membership is None:
       return membership_lib.Decision(self.round, (0,), (), (), (row,))
     state = self.plan.state
-    # Made only in a round with newcomers (asdict copies O(workers) groups).
+    # Made only in a round with newcomers, and the state's fields as they
+    # are (JSON copies them; asdict's deep copy of up to 16 groupings of
+    # every worker took 0.15 s at 10,000 workers).
     chief_plan = lambda: {  # pylint: disable=unnecessary-lambda-assignment
         "epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
         "local_steps": list(self.plan.local_steps),
         "group_keys": self.group_keys.groups,
-        "state": (dataclasses.asdict(state)
+        "state": ({f.name: getattr(state, f.name)
+                   for f in dataclasses.fields(state)}
                   if dataclasses.is_dataclass(state) else None)}
     decision = self.membership.exchange(
         self.round, row, self.epoch_done, chief_plan=chief_plan,
