@@ -69,8 +69,9 @@ TOLERANCE = np.array([{"rate": 0.02, "loss": 0.05, "divergence": 0.1,
 # A change beyond this many tolerances travels at once (changed_cells).
 CONFIRM_BEYOND = 4.0
 # The weight of a round's fresh value in a cell's running mean: noise
-# shrinks by sqrt(1/3); a jump of 2 to 4 tolerances still travels a round
-# late, a smaller one two or more (changed_cells).
+# shrinks by sqrt(1/3); a jump of more than 2 (up to 4) tolerances still
+# travels a round late, a smaller one two or more rounds late
+# (changed_cells).
 SMOOTHING = 0.5
 # magic, round, workers, epoch_done, newcomers, dropped, changed cells,
 # digest of the resulting snapshot, column operations, dense blocks
