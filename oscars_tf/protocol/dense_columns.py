@@ -25,7 +25,6 @@ import numpy as np
 _BLOCK = struct.Struct("<Bff")  # field, smallest value, ratio
 LEVELS = 254            # codes 0..253 are values on the scale
 NAN, KEEP = 254, 255    # the value becomes NaN / the member's is unchanged
-CELL_BYTES = 9          # a cell: worker (4), field (1), value (4)
 # Below this many members a first table is under 50 KB out of the chief:
 # rows stay as measured.
 MIN_MEMBERS = 64
@@ -55,8 +54,8 @@ def split(cells, members, tolerance):
     mine = cells["field"] == f
     values = cells["value"][mine].astype(np.float64)
     coded = np.isnan(values) | (np.isfinite(values) & (values > 0))
-    if not tolerance[f] > 0 or (
-        CELL_BYTES * coded.sum() <= len(members) + _BLOCK.size):
+    if not tolerance[f] > 0 or (  # a cell is worker, field and value
+        cells.dtype.itemsize * coded.sum() <= len(members) + _BLOCK.size):
       continue
     positive = values[coded & ~np.isnan(values)]
     low = np.float32(positive.min()) if len(positive) else np.float32(1.0)
