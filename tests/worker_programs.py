@@ -27,7 +27,7 @@ def _setup(params):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   strategy = oscars_tf.OscarsStrategy(
       cluster_resolver=resolver,
-      schedule=(oscars_tf.schedules.Adaptive(**params["adaptive"])
+      schedule=(_adaptive(oscars_tf, params["adaptive"])
                 if "adaptive" in params else
                 oscars_tf.schedules.Fixed(params.get("every", 4) + (
                     1 if params.get("odd_schedule_worker") ==
@@ -44,6 +44,14 @@ def _setup(params):
   # weights later prove the initial broadcast and the averaging.
   keras.utils.set_random_seed(params.get("seed", 0) + strategy.worker_index)
   return strategy
+
+
+def _adaptive(oscars_tf, args):
+  """Adaptive(**args); a "period_rule" is named ("Constant")."""
+  args = dict(args)
+  if "period_rule" in args:
+    args["period_rule"] = getattr(oscars_tf.schedules, args["period_rule"])()
+  return oscars_tf.schedules.Adaptive(**args)
 
 
 def _averaging_dtype(params):

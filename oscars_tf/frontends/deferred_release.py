@@ -15,6 +15,7 @@ import threading
 import time
 
 JOIN_AT_EXIT_S = 60.0
+KEEP_LATEST = 2  # input iterators kept per loop (see keep_latest)
 
 _lock = threading.Lock()
 _threads = []
@@ -39,6 +40,24 @@ def release(holder):
       _registered.append(True)
     _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
   thread.start()
+
+
+def keep_latest(kept, item=None, count=KEEP_LATEST):
+  """Appends `item` to the list `kept` (unless None or the last one there)
+  and releases all but the latest `count` off this thread.
+
+  For input iterators a Keras loop also holds in a local variable: while
+  the loop may still hold the one before the latest (until it takes the
+  latest), `count` is 2; once it has taken the latest, 1. Older ones, held
+  only here, go on a thread of their own: the loop's variable is never the
+  last reference, and memory stays bounded over many epochs.
+  """
+  if item is not None and not (kept and kept[-1] is item):
+    kept.append(item)
+  if len(kept) > count:
+    old = kept[:-count]
+    del kept[:-count]
+    release(old)
 
 
 def pending():

@@ -168,13 +168,15 @@ _handlers_made = []  # one list per (nested) call inside handlers_released
 
 
 class _KeepsIterators:
-  """A DataHandler that also keeps its epoch iterators (tf_keras' hold
-  them only in a generator's frame, deleted as `fit`'s loop ends)."""
+  """A DataHandler that also keeps its epoch iterators, the latest two
+  (tf_keras' hold them only in a generator's frame, deleted as `fit`'s loop
+  ends; see deferred_release.keep_latest)."""
 
   def enumerate_epochs(self):
     self.oscars_kept_iterators = []
     for epoch, iterator in super().enumerate_epochs():
-      self.oscars_kept_iterators.append(iterator)
+      # `fit` holds the last epoch's iterator until it takes this one.
+      deferred_release.keep_latest(self.oscars_kept_iterators, iterator)
       yield epoch, iterator
 
 
