@@ -74,6 +74,10 @@ flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
                    "max_overshoot (None: its default).")
 flags.DEFINE_float("min_utilization", None, "The Adaptive schedule's "
                    "min_utilization (None: its default).")
+flags.DEFINE_integer("bytes_per_member", table_deltas.delta_budget
+                     .BYTES_PER_MEMBER, "The most store text a member reads "
+                     "of a round's changes (\"deltas\"; the rest wait a "
+                     "round, protocol/delta_budget.py); 0: no limit.")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -159,7 +163,8 @@ def measure(n, rng):
     books[j] = round_book.RoundBook(
         _info(j, hosts), schedule, membership=membership.Membership(
             store, j, n, STRAGGLER_S, 30.0, first_round_timeout=30.0,
-            is_gone=lambda k: k in gone, distribution=FLAGS.distribution),
+            is_gone=lambda k: k in gone, distribution=FLAGS.distribution,
+            bytes_per_member=FLAGS.bytes_per_member or None),
         learning_rate_fn=lambda: _LEARNING_RATE)
     books[j].meter = _TrueRate(rates[j])
     books[j].publish = False
@@ -239,27 +244,30 @@ def measure(n, rng):
     plan_ms = 1e3 * (time.perf_counter() - t0)
     traffic = averaging_traffic(plan, hosts, decision.members,
                                 planner.DEFAULT_MAX_GROUP_SIZE)
-    if r == 0:  # every member reads every row once: N² whichever way
+    if r == 0:  # every rate is new to every member
       first_round_bytes = store.bytes_out - out0
-    if r >= 2:
-      rows.append({
-          "chief_cpu_ms": 1e3 * cpu[0],
-          "worker_cpu_ms": 1e3 * (statistics.median(
-              [cpu[j] for j in sampled]) if sampled else 0.0),
-          "light_client_decode_ms": 1e3 * light_cpu,
-          "kv_ops": store.ops - ops0,
-          "bytes_out_of_chief": store.bytes_out - out0,
-          "decision_bytes": len(store.data[decision_key]),
-          "live_keys": len(store.data), "plan_ms": plan_ms,
-          "utilization": util, "members": len(decision.members),
-          "global_sync": plan.global_sync,
-          "averaging_mean_over_bound": traffic[0],
-          "averaging_max_over_bound": traffic[1],
-          "median_local_steps": statistics.median(plan.local_steps),
-          "time_budget_s": plan.time_budget,
-          "dropped": len(decision.dropped),
-          "rejoined": len(decision.newcomers),
-          "first_round_bytes": first_round_bytes})
+    rows.append({
+        "round": r,
+        # Members the next round's plan plans at the median rate: their
+        # rate has not reached the members yet (delta_budget.py).
+        "imputed_members": len(set(chief.plan.imputed) & members),
+        "chief_cpu_ms": 1e3 * cpu[0],
+        "worker_cpu_ms": 1e3 * (statistics.median(
+            [cpu[j] for j in sampled]) if sampled else 0.0),
+        "light_client_decode_ms": 1e3 * light_cpu,
+        "kv_ops": store.ops - ops0,
+        "bytes_out_of_chief": store.bytes_out - out0,
+        "decision_bytes": len(store.data[decision_key]),
+        "live_keys": len(store.data), "plan_ms": plan_ms,
+        "utilization": util, "members": len(decision.members),
+        "global_sync": plan.global_sync,
+        "averaging_mean_over_bound": traffic[0],
+        "averaging_max_over_bound": traffic[1],
+        "median_local_steps": statistics.median(plan.local_steps),
+        "time_budget_s": plan.time_budget,
+        "dropped": len(decision.dropped),
+        "rejoined": len(decision.newcomers),
+        "first_round_bytes": first_round_bytes})
   return rows
 
 
@@ -300,10 +308,24 @@ def averaging_traffic(plan, hosts, members, max_leaders):
   return sum(values) / len(values) / bound, max(values) / bound
 
 
-def summarize(n, rows):
+def summarize(n, every_round):
+  """Medians and maxima over the rounds from 2 on; round 0 and the rounds
+  until every member's rate is known (no member imputed) apart."""
+  rows = [r for r in every_round if r["round"] >= 2]
+  unknown = [r["round"] for r in every_round if r["imputed_members"]]
+  complete = max(unknown) + 1 if unknown else 0  # first round planned
+                                                 # from every rate
+  early = [r["utilization"] for r in every_round
+           if 0 < r["round"] <= complete]
+
   def med(k):
     return statistics.median(r[k] for r in rows)
   return {"workers": n, "rounds": len(rows),
+          "first_table_rounds": complete,
+          "utilization_until_first_table": (statistics.mean(early) if early
+                                            else float("nan")),
+          "bytes_out_of_chief_mb_max_every_round": max(
+              r["bytes_out_of_chief"] for r in every_round) / 1e6,
           "chief_cpu_ms": med("chief_cpu_ms"),
           "chief_cpu_ms_max": max(r["chief_cpu_ms"] for r in rows),
           "worker_cpu_ms": med("worker_cpu_ms"),
@@ -342,7 +364,8 @@ def main(argv):
   head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
           f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
           f"{'util':>6} {'drop/rejoin':>11} {'max MB':>8} "
-          f"{'round 0 MB':>10} {'avg traffic/bound':>17}")
+          f"{'round 0 MB':>10} {'max MB all':>10} {'table in':>8} "
+          f"{'util then':>9} {'avg traffic/bound':>17}")
   print(head)
   print("-" * len(head))
   results = []
@@ -356,6 +379,9 @@ def main(argv):
           f"{s['dropped']:>5}/{s['rejoined']:<5} "
           f"{s['bytes_out_of_chief_mb_max']:>8.2f} "
           f"{s['first_round_mb']:>10.1f} "
+          f"{s['bytes_out_of_chief_mb_max_every_round']:>10.1f} "
+          f"{s['first_table_rounds']:>8} "
+          f"{s['utilization_until_first_table']:>9.3f} "
           f"{s['averaging_mean_over_bound']:>8.2f}/"
           f"{s['averaging_max_over_bound']:<8.2f}", flush=True)
   if FLAGS.result_json:
@@ -367,7 +393,8 @@ def main(argv):
                                          "grouping", "distribution",
                                          "noise", "sync_cost_s",
                                          "max_overshoot",
-                                         "min_utilization")},
+                                         "min_utilization",
+                                         "bytes_per_member")},
                  "results": results}, f, indent=1)
   return 0
 

@@ -5,6 +5,7 @@ each within half its field's tolerance of what was measured."""
 import math
 
 import numpy as np
+import pytest
 
 from oscars_tf.protocol import dense_columns
 from oscars_tf.protocol import table_deltas
@@ -66,17 +67,20 @@ def test_few_changes_nonpositive_values_and_wide_spreads_stay_cells():
   tol = table_deltas.TOLERANCE
   rates = np.linspace(1.0, 2.0, n).astype(np.float32)
   members, _, _, _, cells = _first_table(n, rates)
-  # A few cells: cheaper as cells.
-  blocks, left = dense_columns.split(cells[:5], members, tol)
+  # A few cells far apart: cheaper as cells; close together, a block of
+  # their span.
+  blocks, left = dense_columns.split(cells[::13], members, tol)
   assert blocks == [] and len(left) == 5
+  blocks, left = dense_columns.split(cells[20:25], members, tol)
+  assert len(left) == 0 and len(blocks[0][3]) == 5 and blocks[0][4] == 20
   # Zero, negative and infinite values stay cells; NaN is coded.
   odd = cells.copy()
   odd["value"][:4] = (0.0, -3.0, np.inf, np.nan)
   blocks, left = dense_columns.split(odd, members, tol)
   assert sorted(left["worker"].tolist()) == [0, 1, 2]
-  codes = blocks[0][3]
-  assert codes[3] == dense_columns.NAN and (codes[:3] == dense_columns.KEEP
-                                            ).all()
+  codes, start = blocks[0][3:]
+  assert start == 3 and codes[0] == dense_columns.NAN
+  assert len(codes) == n - 3 and (codes[1:] != dense_columns.KEEP).all()
   snap = dense_columns.apply(np.zeros((n, table_deltas.WIDTH), np.float32),
                              members, blocks)
   assert math.isnan(snap[3, RATE]) and snap[0, RATE] == 0.0
@@ -114,3 +118,15 @@ def test_a_small_job_keeps_its_rows_as_measured():
   members, _, _, _, cells = _first_table(n, np.linspace(1, 3, n))
   blocks, left = dense_columns.split(cells, members, table_deltas.TOLERANCE)
   assert blocks == [] and len(left) == len(cells) == n
+
+
+def test_a_block_whose_span_leaves_the_members_is_refused():
+  n = 100
+  members, _, _, _, cells = _first_table(n, np.linspace(1, 3, n))
+  blocks, _ = dense_columns.split(cells[60:], members, table_deltas.TOLERANCE)
+  assert blocks[0][4] == 60 and len(blocks[0][3]) == 40
+  data = dense_columns.pack(blocks)
+  assert len(data) == dense_columns.size(blocks)
+  assert dense_columns.unpack(data, 0, 1, n)[0][0][4] == 60
+  with pytest.raises(ValueError, match="spans members 60 to 100, of 99"):
+    dense_columns.unpack(data, 0, 1, n - 1)

@@ -22,7 +22,7 @@ import struct
 
 import numpy as np
 
-_BLOCK = struct.Struct("<Bff")  # field, smallest value, ratio
+_BLOCK = struct.Struct("<Bffii")  # field, smallest value, ratio, span
 LEVELS = 254            # codes 0..253 are values on the scale
 NAN, KEEP = 254, 255    # the value becomes NaN / the member's is unchanged
 # Below this many members a first table is under 50 KB out of the chief:
@@ -43,9 +43,10 @@ def scale(low, ratio):
 
 def split(cells, members, tolerance):
   """(blocks, the cells left): with MIN_MEMBERS or more, the fields whose
-  cells cost more than a byte per member go as blocks (field, low, ratio,
-  codes in member order); their non-positive or infinite values stay
-  cells. `tolerance` by field."""
+  cells cost more than a byte per member of their span go as blocks
+  (field, low, ratio, codes in member order, the member position of the
+  first code); their non-positive or infinite values stay cells.
+  `tolerance` by field."""
   members = np.asarray(members, np.int64)
   blocks, keep = [], np.ones(len(cells), bool)
   if len(members) < MIN_MEMBERS:
@@ -54,8 +55,10 @@ def split(cells, members, tolerance):
     mine = cells["field"] == f
     values = cells["value"][mine].astype(np.float64)
     coded = np.isnan(values) | (np.isfinite(values) & (values > 0))
-    if not tolerance[f] > 0 or (  # a cell is worker, field and value
-        cells.dtype.itemsize * coded.sum() <= len(members) + _BLOCK.size):
+    at = np.searchsorted(members, cells["worker"][mine][coded])
+    if not tolerance[f] > 0 or not len(at) or (  # a cell: worker, field,
+        cells.dtype.itemsize * len(at) <=       # value
+        at.max() - at.min() + 1 + _BLOCK.size):
       continue
     positive = values[coded & ~np.isnan(values)]
     low = np.float32(positive.min()) if len(positive) else np.float32(1.0)
@@ -65,10 +68,10 @@ def split(cells, members, tolerance):
     if ratio > 1.0 + 2 * tolerance[f]:
       continue  # too wide a spread for one byte: cells
     levels = scale(low, ratio)
-    codes = np.full(len(members), KEEP, np.uint8)
-    at = np.searchsorted(members, cells["worker"][mine][coded])
-    codes[at] = _nearest(levels, values[coded])
-    blocks.append((int(f), low, ratio, codes))
+    start = int(at.min())
+    codes = np.full(int(at.max()) + 1 - start, KEEP, np.uint8)
+    codes[at - start] = _nearest(levels, values[coded])
+    blocks.append((int(f), low, ratio, codes, start))
     keep[np.flatnonzero(mine)[coded]] = False
   return blocks, cells[keep]
 
@@ -87,26 +90,34 @@ def _nearest(levels, values):
 def apply(snap, members, blocks):
   """Sets the members' values of each block's field (in place)."""
   members = np.asarray(members, np.int64)
-  for field, low, ratio, codes in blocks:
+  for field, low, ratio, codes, start in blocks:
     levels = np.append(scale(low, ratio), np.float32(np.nan))
-    set_ = codes != KEEP
-    snap[members[set_], field] = levels[codes[set_]]
+    set_ = np.flatnonzero(codes != KEEP)
+    snap[members[start + set_], field] = levels[codes[set_]]
   return snap
 
 
+def size(blocks):
+  """Bytes `pack(blocks)` takes."""
+  return sum(_BLOCK.size + len(b[3]) for b in blocks)
+
+
 def pack(blocks):
-  return b"".join(_BLOCK.pack(f, low, ratio) + codes.tobytes()
-                  for f, low, ratio, codes in blocks)
+  return b"".join(_BLOCK.pack(f, low, ratio, start, len(codes)) +
+                  codes.tobytes() for f, low, ratio, codes, start in blocks)
 
 
-def unpack(data, at, count, size):
-  """(blocks, offset after them): `count` blocks of `size` members each,
-  from `data` at `at`."""
+def unpack(data, at, count, size_):
+  """(blocks, offset after them): `count` blocks from `data` at `at`, of
+  `size_` members in all (a block's span must lie within them)."""
   blocks = []
   for _ in range(count):
-    f, low, ratio = _BLOCK.unpack_from(data, at)
+    f, low, ratio, start, length = _BLOCK.unpack_from(data, at)
     at += _BLOCK.size
-    codes = np.frombuffer(data, np.uint8, size, at)
-    at += size
-    blocks.append((f, np.float32(low), np.float32(ratio), codes))
+    if start < 0 or length < 0 or start + length > size_:
+      raise ValueError(f"a dense block spans members {start} to "
+                       f"{start + length}, of {size_}")
+    codes = np.frombuffer(data, np.uint8, length, at)
+    at += length
+    blocks.append((f, np.float32(low), np.float32(ratio), codes, start))
   return blocks, at

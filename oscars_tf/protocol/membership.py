@@ -30,7 +30,7 @@ import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
-from oscars_tf.protocol import dense_columns
+from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
@@ -88,7 +88,8 @@ class Membership:
 
   def __init__(self, store, me, num_workers, straggler_timeout,
                decision_timeout, first_round_timeout=None, is_gone=None,
-               distribution="deltas"):
+               distribution="deltas",
+               bytes_per_member=delta_budget.BYTES_PER_MEMBER):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
@@ -97,11 +98,16 @@ class Membership:
     changes and members apply them to the snapshot they hold
     (table_deltas.py: O(N + changes · N) bytes out of the chief per
     round); "full", every member reads the whole decision every round
-    (N² bytes). All members of a job must use the same one."""
+    (N² bytes). All members of a job must use the same one.
+
+    `bytes_per_member` (the chief's, "deltas"): the most a member reads of
+    a round's changes; the rest wait a round or more (delta_budget.py;
+    None: nothing waits)."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
     self.distribution = distribution
+    self.bytes_per_member = bytes_per_member
     self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
     self._snapshot_round = -1
     self._pending = table_deltas.pending_changes(num_workers)  # the chief's
@@ -281,18 +287,10 @@ class Membership:
       # that its plan is theirs to the last bit.
       return Decision.decode(text)
     members = decision.members
-    snapshot = table_deltas.next_snapshot(self._snapshot, members, round_,
-                                          self._expected_steps)
-    fresh = table_deltas.member_rows(decision.row_array[list(members)],
-                                     members)
-    ops = table_deltas.column_ops(snapshot, fresh, members)
-    snapshot = table_deltas.apply_columns(snapshot, members, ops)
-    cells = table_deltas.changed_cells(snapshot, fresh, members,
-                                       self._pending)
-    blocks, cells = dense_columns.split(cells, members,
-                                        table_deltas.TOLERANCE)
-    snapshot = table_deltas.apply_cells(
-        dense_columns.apply(snapshot, members, blocks), cells)
+    snapshot, ops, blocks, cells = table_deltas.chief_changes(
+        self._snapshot, decision.row_array[list(members)], members, round_,
+        self._pending, len(decision.newcomers) + len(decision.dropped),
+        self._expected_steps, self.bytes_per_member)
     # The whole snapshot, for newcomers and members whose digest differs;
     # the chief's decision is made from it as every member makes theirs.
     self.store.set(f"{PREFIX}s/{round_}", base64.b64encode(

@@ -56,6 +56,7 @@ import struct
 import numpy as np
 
 from oscars_tf.policy import records
+from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import dense_columns
 
 WIDTH = len(records.FIELDS)
@@ -76,7 +77,7 @@ SMOOTHING = 0.5
 # magic, round, workers, epoch_done, newcomers, dropped, changed cells,
 # digest of the resulting snapshot, column operations, dense blocks
 _HEADER = struct.Struct("<4sqiqiii8sBB")
-_MAGIC = b"otd3"
+_MAGIC = b"otd4"
 _CELL = np.dtype([("worker", "<i4"), ("field", "u1"), ("value", "<f4")])
 # One per field: what to do to every member's value of it (only those
 # other than KEEP travel, as (field, op, value)).
@@ -228,6 +229,40 @@ class ChangeRecord:
   def reset(self):
     self.deviation[:] = 0
     self.direction[:] = 0
+
+  def wait(self, cells, base):
+    """`cells` changed `base` but did not travel (delta_budget.py): each is
+    held as seen, so that it travels as soon as the budget lets it (a NaN
+    on either side travels anyway)."""
+    worker, field = cells["worker"], cells["field"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+      seen = cells["value"] / base[worker, field] - 1
+    held = np.isfinite(seen)
+    self.deviation[worker[held], field[held]] = seen[held]
+    self.direction[worker[held], field[held]] = np.sign(seen[held])
+
+
+def chief_changes(previous, rows, members, round_, pending, listed=0,
+                  expected_steps=None,
+                  bytes_per_member=delta_budget.BYTES_PER_MEMBER):
+  """The chief's side of `Changes.apply`: (snapshot, ops, blocks, cells)
+  of the round whose members' `rows` these are, from the `previous`
+  snapshot; `listed`: how many newcomers and dropped the round's changes
+  name. The changes beyond `bytes_per_member` a member wait for a later
+  round (delta_budget.py; None: none wait)."""
+  snap = next_snapshot(previous, members, round_, expected_steps)
+  fresh = member_rows(rows, members)
+  ops = column_ops(snap, fresh, members)
+  snap = apply_columns(snap, members, ops)
+  cells = changed_cells(snap, fresh, members, pending)
+  limit = delta_budget.limit(
+      len(members), _HEADER.size + _COLUMN_OP.itemsize * np.count_nonzero(
+          ops["op"]) + 4 * listed, bytes_per_member)
+  blocks, cells, waiting = delta_budget.within(cells, members, snap,
+                                               TOLERANCE, limit)
+  pending.wait(waiting, snap)
+  snap = apply_cells(dense_columns.apply(snap, members, blocks), cells)
+  return snap, ops, blocks, cells
 
 
 def pending_changes(n):
