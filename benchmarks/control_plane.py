@@ -78,6 +78,9 @@ flags.DEFINE_integer("bytes_per_member", table_deltas.delta_budget
                      .BYTES_PER_MEMBER, "The most store text a member reads "
                      "of a round's changes (\"deltas\"; the rest wait a "
                      "round, protocol/delta_budget.py); 0: no limit.")
+flags.DEFINE_bool("host_relay", True, "Count one read of each round's "
+                  "changes per host, by its leader (protocol/host_relay.py;"
+                  " the sampled real round books read their own).")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -220,6 +223,17 @@ def measure(n, rng):
     # deltas a newcomer reads the whole snapshot too).
     t0 = time.thread_time()
     readers = [j for j in decision.members if j not in books]
+    if FLAGS.host_relay and deltas:
+      # One member per host reads the changes (protocol/host_relay.py: the
+      # lowest-numbered member of the host in the last decision; the
+      # chief's host has the chief); the host's others read its file, or
+      # the chief's when the leader is gone.
+      leaders, now = {}, set(decision.members)
+      for j in sorted(members):
+        leaders.setdefault(hosts[j], j)
+      leaders[hosts[0]] = 0
+      readers = [j for j in readers if leaders.get(hosts[j], j) == j or
+                 leaders[hosts[j]] not in now]
     for j in readers[:1]:
       text = store.get(decision_key, 1.0)
       if deltas:
@@ -394,7 +408,7 @@ def main(argv):
                                          "noise", "sync_cost_s",
                                          "max_overshoot",
                                          "min_utilization",
-                                         "bytes_per_member")},
+                                         "bytes_per_member", "host_relay")},
                  "results": results}, f, indent=1)
   return 0
 

@@ -107,3 +107,25 @@ def test_below_the_floor_nothing_waits():
 
 def test_a_budget_of_none_never_holds_anything_back():
   assert delta_budget.limit(N, 100, None) is None
+
+
+def test_a_first_table_with_noisy_losses_sends_every_rate_then_the_losses():
+  rng = np.random.default_rng(3)
+  rates = (10 * rng.lognormal(0, 0.5, N)).astype(np.float32)
+  losses = rng.lognormal(0, 0.3, N).astype(np.float32)
+  job = _Job(N)
+  job.round_of(_rows(rates, losses))
+  assert np.isfinite(job.member[:, RATE]).all()
+  # The rates took more than the budget: the losses wait, then travel a
+  # span of members (one block) a round.
+  assert not np.isfinite(job.member[:, LOSS]).any()
+  job.round_of(_rows(rates, losses))
+  held = np.isfinite(job.member[:, LOSS])
+  assert 0 < held.sum() < N and held[:held.sum()].all()
+  for _ in range(12):
+    if np.isfinite(job.member[:, LOSS]).all():
+      break
+    assert len(job.round_of(_rows(rates, losses))) <= (
+        delta_budget.BYTES_PER_MEMBER)
+  else:
+    raise AssertionError("the first losses never all arrived")

@@ -37,6 +37,7 @@ from oscars_tf.distribute import startup
 from oscars_tf.observability import summaries
 from oscars_tf.protocol import agreement
 from oscars_tf.protocol import group_keys
+from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership as membership_lib
 from oscars_tf.protocol import round_book
@@ -95,12 +96,15 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     store = kv_store.ContextStore() if info.is_multi_worker else None
     addresses = [a for _, _, a in info.workers]
     is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
+    hosts = [a.rpartition(":")[0] for a in addresses]
+    relay = host_relay.HostRelay(hosts, info.worker_index) if (
+        host_relay.HostRelay.wanted(hosts)) else None
     self._book = round_book.RoundBook(
         info, schedule, learning_rate_fn=self._averaged.learning_rate,
         simulate=simulate, membership=membership_lib.Membership(
             store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout,
-            is_gone=is_gone) if info.is_multi_worker else None)
+            is_gone=is_gone, relay=relay) if info.is_multi_worker else None)
     self.round_logs = summaries.RoundLogging(info, self._book)
     self._rounds = rounds_lib.Rounds(
         self._book, self._host, averaging_device, self._communication,

@@ -12,18 +12,24 @@ for a later round, as the snapshot holds them on every member alike, so
 plans still agree.
 
 What never waits: exact fields (steps, healthy, exhausted, learning rate,
-...: a worker's data running out must be known at once), and values new to
+...: a worker's data running out must be known at once), and a rate new to
 the snapshot or gone from it (NaN on one side: a member's first row, as in
-the first table). Holding back the first table was measured (10,000
-workers, lognormal rates): 8 rounds with most rates planned at the median
-(the planner imputes what it does not hold), utilization 0.20 in them
-against 0.75, to save a 135 MB read spread over the members once a job.
+the first table). Holding back first rates was measured (10,000 workers,
+lognormal rates): 8 rounds with most rates planned at the median (the
+planner imputes what it does not hold), utilization 0.20 in them against
+0.75. Other first values (loss, divergence, sync cost, read only through
+means and medians over the values held) go first among the rest, in member
+order, so a first table with noisy losses (a second column: 2 bytes a
+member and worker) arrives over a few rounds.
 No TensorFlow.
 """
 
 import numpy as np
 
+from oscars_tf.policy import records
 from oscars_tf.protocol import dense_columns
+
+RATE = records.FIELDS.index("rate")
 
 # Store text (base64) each member reads per round, at most, beyond what
 # always travels (members that left or joined, exact fields).
@@ -64,16 +70,19 @@ def within(cells, members, base, tolerance, limit_bytes):
 
 def by_need(cells, base, tolerance):
   """(indices of `cells` in the order they travel, how many of them must
-  travel): exact fields and NaN on either side, then the others, the
-  farthest off their held value (in tolerances) first."""
+  travel): exact fields and rates with NaN on either side; then the others,
+  NaN on either side first, in member order, then the farthest off their
+  held value (in tolerances)."""
   field = cells["field"]
   old = base[cells["worker"], field].astype(np.float64)
   new = cells["value"].astype(np.float64)
   with np.errstate(invalid="ignore", divide="ignore"):
     off = np.abs(new / old - 1) / tolerance[field]
-  must = (tolerance[field] == 0) | np.isnan(old) | np.isnan(new)
-  off = np.where(must, np.inf, np.nan_to_num(off, nan=np.inf))
-  return np.argsort(-off, kind="stable"), int(must.sum())
+  first = np.isnan(old) | np.isnan(new)
+  must = (tolerance[field] == 0) | (first & (field == RATE))
+  kind = np.where(must, 0, np.where(first, 1, 2))
+  farthest = np.where(kind == 2, -np.nan_to_num(off, nan=np.inf), 0.0)
+  return np.lexsort((farthest, kind)), int(must.sum())  # stable
 
 
 def _cost(blocks, cells):

@@ -31,6 +31,7 @@ import numpy as np
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import delta_budget
+from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
@@ -89,7 +90,7 @@ class Membership:
   def __init__(self, store, me, num_workers, straggler_timeout,
                decision_timeout, first_round_timeout=None, is_gone=None,
                distribution="deltas",
-               bytes_per_member=delta_budget.BYTES_PER_MEMBER):
+               bytes_per_member=delta_budget.BYTES_PER_MEMBER, relay=None):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
@@ -102,12 +103,16 @@ class Membership:
 
     `bytes_per_member` (the chief's, "deltas"): the most a member reads of
     a round's changes; the rest wait a round or more (delta_budget.py;
-    None: nothing waits)."""
+    None: nothing waits).
+
+    `relay`: a host_relay.HostRelay ("deltas"), through which one member
+    per host reads each round's changes from the chief for the host."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
     self.distribution = distribution
     self.bytes_per_member = bytes_per_member
+    self.relay = relay if distribution == "deltas" else None
     self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
     self._snapshot_round = -1
     self._pending = table_deltas.pending_changes(num_workers)  # the chief's
@@ -125,6 +130,9 @@ class Membership:
     self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
     self._epoch_done = 0
     self._expected_steps = None  # k_i of the round being exchanged
+    if self.relay is not None and me == 0:  # the job's incarnation
+      self.relay.bind(host_relay.new_token())
+      _put(store, f"{PREFIX}job", self.relay.token)
 
   # -- every worker --------------------------------------------------------
 
@@ -159,9 +167,12 @@ class Membership:
     return decision
 
   def finish(self, round_):
-    """The chief marks the end of training (dropped workers stop waiting)."""
+    """The chief marks the end of training (dropped workers stop waiting);
+    host leaders remove their decision files."""
     if self.me == 0:
       _put(self.store, f"{PREFIX}finished", str(round_))
+    if self.relay is not None and self.relay.leads(self.members):
+      self.relay.remove_files(round_)
 
   def say_done(self):
     """A worker other than the chief, at its exit: the chief may go."""
@@ -185,10 +196,16 @@ class Membership:
 
   def _await(self, round_, timeout):
     deadline = time.monotonic() + timeout
+    text = self._from_host(round_, deadline)
+    if text is not None:
+      return self._read_decision(round_, text)
     while True:
       try:
-        return self._read_decision(round_, self.store.get(
-            f"{PREFIX}d/{round_}", min(POLL_S, _left(deadline))))
+        text = self.store.get(f"{PREFIX}d/{round_}",
+                              min(POLL_S, _left(deadline)))
+        if self.relay is not None and self.relay.leads(self.members):
+          self.relay.write(round_, text)
+        return self._read_decision(round_, text)
       except KeyMissing:
         pass
       # Back from a stall so long that the decision was deleted: dropped.
@@ -200,6 +217,22 @@ class Membership:
             f"for round {round_} within {timeout:.0f} s; it may have died or "
             "stalled. Restart the job from the last checkpoint "
             "(oscars-launch --restarts does this).")
+
+  def _from_host(self, round_, deadline):
+    """The round's changes from the host's leader (host_relay.py), or
+    None: read the chief's."""
+    relay = self.relay
+    if relay is None:
+      return None
+    if relay.token is None:  # the first round: the job's incarnation
+      try:
+        relay.bind(self.store.get(f"{PREFIX}job", _left(deadline)))
+      except KeyMissing:
+        return None
+    if relay.leads(self.members):
+      return None
+    return relay.wait(round_, deadline, lambda: _int_or(
+        self._try_get(f"{PREFIX}latest"), -1) >= round_)
 
   def _rejoin(self, round_, row):
     t0 = time.monotonic()
@@ -299,10 +332,12 @@ class Membership:
             decision.newcomers, decision.dropped, snapshot[list(members)],
             decision.chief_plan)).decode("ascii"))
     self.store.delete(f"{PREFIX}s/{round_ - KEEP_SNAPSHOTS}")
-    self.store.set(f"{PREFIX}d/{round_}", table_deltas.encode(
+    text = table_deltas.encode(
         round_, self.n, decision.epoch_done, decision.newcomers,
-        decision.dropped, cells, table_deltas.digest(snapshot), ops,
-        blocks))
+        decision.dropped, cells, table_deltas.digest(snapshot), ops, blocks)
+    self.store.set(f"{PREFIX}d/{round_}", text)
+    if self.relay is not None:  # the chief leads its host
+      self.relay.write(round_, text)
     self._snapshot, self._snapshot_round = snapshot, round_
     return decision_codec.decision_with_array(
         Decision, round_, members, decision.newcomers, decision.dropped,

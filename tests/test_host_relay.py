@@ -1,0 +1,131 @@
+"""One member per host reads the round's changes from the chief and passes
+them on through a file (protocol/host_relay.py); the others never depend
+on it: a leader that is gone, a host without a shared file system and a
+file of an earlier job all end in reading the chief's.
+
+Workers are threads on an in-memory store; each host's file directory is a
+pytest tmp_path (two "hosts" may share one, as on one machine)."""
+
+import math
+import os
+
+from fake_store import FakeStore, run_threads
+
+from oscars_tf.protocol import host_relay
+from oscars_tf.protocol import membership
+
+HOSTS = ("10.0.0.1",) * 2 + ("10.0.0.2",) * 2  # workers 0, 1 | 2, 3
+
+
+class CountingStore(FakeStore):
+  """Which worker read each round's changes from the chief (by thread)."""
+
+  def __init__(self):
+    super().__init__()
+    self.changes_read = []  # (reader, key)
+    self.reader = {}        # thread id -> worker
+
+  def get(self, key, timeout_s):
+    value = super().get(key, timeout_s)
+    if key.startswith(f"{membership.PREFIX}d/"):
+      import threading  # pylint: disable=import-outside-toplevel
+      self.changes_read.append((self.reader.get(threading.get_ident()),
+                                key))
+    return value
+
+
+def _row(worker):
+  return [10.0 + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0, 0.0, 0.1]
+
+
+def _job(store, directories, straggler=0.5):
+  return [membership.Membership(
+      store, i, len(HOSTS), straggler, 10.0, first_round_timeout=straggler,
+      relay=host_relay.HostRelay(HOSTS, i, directories[i]))
+          for i in range(len(HOSTS))]
+
+
+def _round(store, ws, r, who=None):
+  import threading  # pylint: disable=import-outside-toplevel
+
+  def one(w):
+    store.reader[threading.get_ident()] = w.me
+    return w.exchange(r, _row(w.me))
+  out, errors = run_threads([lambda w=w: one(w) for w in ws
+                             if who is None or w.me in who])
+  assert errors == [None] * len(out), errors
+  return out
+
+
+def test_only_one_member_per_host_reads_the_changes_from_the_chief(tmp_path):
+  assert host_relay.HostRelay.wanted(HOSTS)
+  assert not host_relay.HostRelay.wanted(("a",) * 4)  # one host
+  assert not host_relay.HostRelay.wanted(("a", "b", "c"))  # one a host
+  store = CountingStore()
+  ws = _job(store, [str(tmp_path)] * 4)
+  for r in range(4):
+    out = _round(store, ws, r)
+    assert len({d.to_json() for d in out}) == 1  # every member agrees
+    assert out[0].members == (0, 1, 2, 3)
+  # The chief writes them (it leads its host); worker 2 reads them for
+  # host 2; workers 1 and 3 read files.
+  assert {w for w, _ in store.changes_read} == {2}
+  assert len(store.changes_read) == 4
+  # The leaders leave only the last round's files.
+  ws[0].finish(3)
+  ws[2].finish(3)
+  assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.iterdir()) == [
+      "3", "3"]
+
+
+def test_a_host_whose_leader_is_gone_reads_the_chiefs(tmp_path):
+  store = CountingStore()
+  ws = _job(store, [str(tmp_path)] * 4, straggler=0.3)
+  _round(store, ws, 0)
+  # Worker 2, host 2's leader, stops: worker 3 finds no file, reads the
+  # chief's decision after the grace, and leads its host from then on.
+  out = _round(store, ws, 1, who=(0, 1, 3))
+  assert out[0].dropped == (2,) and len({d.to_json() for d in out}) == 1
+  assert (3, f"{membership.PREFIX}d/1") in store.changes_read
+  assert ws[3].relay.misses == 1
+  _round(store, ws, 2, who=(0, 1, 3))
+  assert (3, f"{membership.PREFIX}d/2") in store.changes_read
+
+
+def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
+  store = CountingStore()
+  dirs = [str(tmp_path / f"w{i}") for i in range(4)]
+  for d in dirs:
+    os.makedirs(d)
+  ws = _job(store, dirs)
+  for r in range(host_relay.MISSES_TO_STOP + 2):
+    out = _round(store, ws, r)
+    assert len({d.to_json() for d in out}) == 1
+  assert ws[1].relay.stopped and ws[3].relay.stopped
+  assert not ws[2].relay.stopped  # a leader never waits for files
+  # Once stopped, they read from the chief at once every round.
+  last = host_relay.MISSES_TO_STOP + 1
+  assert {w for w, k in store.changes_read
+          if k == f"{membership.PREFIX}d/{last}"} == {1, 2, 3}
+
+
+def test_a_file_of_an_earlier_job_is_never_read(tmp_path):
+  store = CountingStore()
+  old = host_relay.HostRelay(HOSTS, 0, str(tmp_path))
+  old.bind("earlier")
+  old.write(0, "not a decision")  # the same round and host, another job
+  ws = _job(store, [str(tmp_path)] * 4)
+  out = _round(store, ws, 0)
+  assert len({d.to_json() for d in out}) == 1 and ws[1].relay.misses == 0
+
+
+def test_files_left_by_jobs_long_gone_are_swept(tmp_path):
+  stale = tmp_path / "oscars_tf-gone-10.0.0.1-7"
+  stale.write_text("x")
+  os.utime(stale, (1, 1))
+  fresh = tmp_path / "oscars_tf-running-10.0.0.1-7"
+  fresh.write_text("x")
+  relay = host_relay.HostRelay(HOSTS, 0, str(tmp_path))
+  relay.bind("new")
+  relay.write(0, "text")
+  assert not stale.exists() and fresh.exists()
