@@ -168,6 +168,11 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
                                "initial_period": 8, "max_period": 8}),
       hosts=["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"])
   outs = result.outputs
+  # Each host's second worker read every round's changes from its leader's
+  # file (protocol/host_relay.py), but perhaps the last (read by then).
+  rounds = len(outs[0]["rounds"])
+  assert [o["relay"]["written"] >= rounds for o in outs[::2]] == [True] * 2
+  assert [o["relay"]["read"] >= rounds - 1 for o in outs[1::2]] == [True] * 2
   proj = [{r["step"]: r["proj"] for r in o["records"]} for o in outs]
   kinds = set()
   for k, r in enumerate(outs[0]["rounds"][PROBE_ROUNDS:], PROBE_ROUNDS):

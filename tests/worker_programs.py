@@ -221,6 +221,7 @@ def fit(params):
                   for k, vs in history.history.items()},
       "stats": strategy.stats(), "records": records,
       "rounds": strategy.round_history,
+      "relay": _relay_counts(strategy),
       "table": strategy.step_rate_table(),
       "step_times": step_times, "epoch_start_gaps": gaps,
       "epoch_ends": epoch_ends, "steps_per_epoch": len(step_times) // max(
@@ -230,6 +231,15 @@ def fit(params):
                           for v in model.optimizer.variables
                           if v.dtype == "float32"],
   })
+
+
+def _relay_counts(strategy):
+  """Rounds this worker read from / wrote to its host's decision file
+  (protocol/host_relay.py); None without a relay."""
+  membership = strategy.extended.round_book.membership
+  relay = membership.relay if membership is not None else None
+  return None if relay is None else {"read": relay.files_read,
+                                     "written": relay.files_written}
 
 
 def sync_equivalence(params):

@@ -61,6 +61,7 @@ class HostRelay:
     self.misses = 0
     self.stopped = False
     self._swept = False
+    self.files_read = self.files_written = 0  # rounds, for tests and logs
 
   @staticmethod
   def wanted(hosts):
@@ -96,6 +97,7 @@ class HostRelay:
       with open(f"{path}.{self.me}.tmp", "w", encoding="ascii") as f:
         f.write(text)
       os.replace(f"{path}.{self.me}.tmp", path)
+      self.files_written += 1
       _remove(self._path(round_ - KEEP_ROUNDS))
     except OSError as e:  # a full or read-only file system: no relay
       logging.warning("oscars_tf: worker %d cannot write the host's "
@@ -117,6 +119,7 @@ class HostRelay:
         with open(path, encoding="ascii") as f:
           text = f.read()
         self.misses = 0
+        self.files_read += 1
         return text
       except FileNotFoundError:
         pass

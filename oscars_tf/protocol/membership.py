@@ -4,10 +4,13 @@ At every round end each worker writes its table row to the store. The chief
 waits for the members' rows, up to `straggler_timeout` seconds after its own
 arrival; a member that is not there by then (stopped, cut off, dead) is
 dropped from the round, and one whose process is gone (its server refuses
-connections) is dropped as soon as the chief sees that. The chief writes one *decision* per round — the
-members, the newcomers and every row — and every member reads it, so all
-members plan from the same snapshot and enter the same collectives, and no
-collective ever waits for a worker that is not there.
+connections) is dropped as soon as the chief sees that. The chief writes
+one *decision* per round — the members, the newcomers and every row — and
+every member reads it (as the changes to the last round's table,
+table_deltas.py; on a job of several hosts through its host's leader,
+host_relay.py), so all members plan from the same snapshot and enter the
+same collectives, and no collective ever waits for a worker that is not
+there.
 
 A dropped worker that comes back (a stall ended) finds itself left out of
 the decision of its round. It asks to rejoin and waits for the decision that
