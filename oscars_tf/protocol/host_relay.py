@@ -32,7 +32,9 @@ import uuid
 
 from absl import logging
 
-FILE_POLL_S = 0.002  # how often a member looks for the round's file
+# A member looks for the round's file after 1 ms, then ever less often, up
+# to every 10 ms: a round's wait for stragglers can take seconds.
+FILE_POLL_S = (0.001, 0.01)
 POLL_S = 0.5         # how often it asks the store whether the round is out
 GRACE_S = 0.3        # how long after that it waits for the file
 MISSES_TO_STOP = 3
@@ -113,7 +115,7 @@ class HostRelay:
     if self.stopped or self.token is None:
       return None
     path = self._path(round_)
-    out_since, asked = None, -POLL_S
+    out_since, asked, pause = None, -POLL_S, FILE_POLL_S[0]
     while time.monotonic() < deadline:
       try:
         with open(path, encoding="ascii") as f:
@@ -131,7 +133,8 @@ class HostRelay:
       if out_since is not None and now - out_since >= GRACE_S:
         self._missed()
         return None
-      time.sleep(FILE_POLL_S)
+      time.sleep(pause)
+      pause = min(FILE_POLL_S[1], pause * 1.5)
     return None
 
   def _missed(self):
