@@ -30,11 +30,11 @@ import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
-from oscars_tf.protocol.decision import Decision
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
+from oscars_tf.protocol.decision import Decision
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
