@@ -38,10 +38,10 @@ def _row(worker):
   return [10.0 + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0, 0.0, 0.1]
 
 
-def _job(store, directories, straggler=0.5):
+def _job(store, directories, straggler=0.5, grace_s=host_relay.GRACE_S):
   return [membership.Membership(
       store, i, len(HOSTS), straggler, 10.0, first_round_timeout=straggler,
-      relay=host_relay.HostRelay(HOSTS, i, directories[i]))
+      relay=host_relay.HostRelay(HOSTS, i, directories[i], grace_s))
           for i in range(len(HOSTS))]
 
 
@@ -62,7 +62,9 @@ def test_only_one_member_per_host_reads_the_changes_from_the_chief(tmp_path):
   assert not host_relay.HostRelay.wanted(("a",) * 4)  # one host
   assert not host_relay.HostRelay.wanted(("a", "b", "c"))  # one a host
   store = CountingStore()
-  ws = _job(store, [str(tmp_path)] * 4)
+  # A long grace: the leaders' files always come, however loaded the
+  # machine (the grace itself is the next test's).
+  ws = _job(store, [str(tmp_path)] * 4, grace_s=5.0)
   for r in range(4):
     out = _round(store, ws, r)
     assert len({d.to_json() for d in out}) == 1  # every member agrees
@@ -87,7 +89,7 @@ def test_a_host_whose_leader_is_gone_reads_the_chiefs(tmp_path):
   out = _round(store, ws, 1, who=(0, 1, 3))
   assert out[0].dropped == (2,) and len({d.to_json() for d in out}) == 1
   assert (3, f"{membership.PREFIX}d/1") in store.changes_read
-  assert ws[3].relay.misses == 1
+  assert ws[3].relay.misses >= 1
   _round(store, ws, 2, who=(0, 1, 3))
   assert (3, f"{membership.PREFIX}d/2") in store.changes_read
 
@@ -114,7 +116,7 @@ def test_a_file_of_an_earlier_job_is_never_read(tmp_path):
   old = host_relay.HostRelay(HOSTS, 0, str(tmp_path))
   old.bind("earlier")
   old.write(0, "not a decision")  # the same round and host, another job
-  ws = _job(store, [str(tmp_path)] * 4)
+  ws = _job(store, [str(tmp_path)] * 4, grace_s=5.0)
   out = _round(store, ws, 0)
   assert len({d.to_json() for d in out}) == 1 and ws[1].relay.misses == 0
 

@@ -54,11 +54,13 @@ def shared_directory():
 class HostRelay:
   """One worker's side of its host's relay."""
 
-  def __init__(self, hosts, me, directory=None):
-    """`hosts`: every worker's host (by worker index); `me`: this worker."""
+  def __init__(self, hosts, me, directory=None, grace_s=GRACE_S):
+    """`hosts`: every worker's host (by worker index); `me`: this worker;
+    `grace_s`: how long to wait for a file once the round is out."""
     self.hosts = tuple(hosts)
     self.me = me
     self.directory = directory or shared_directory()
+    self.grace_s = grace_s
     self.token = None      # the job's incarnation (bind)
     self.misses = 0
     self.stopped = False
@@ -130,7 +132,7 @@ class HostRelay:
         asked = now
         if published():
           out_since = now
-      if out_since is not None and now - out_since >= GRACE_S:
+      if out_since is not None and now - out_since >= self.grace_s:
         self._missed()
         return None
       time.sleep(pause)
