@@ -96,7 +96,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     store = kv_store.ContextStore() if info.is_multi_worker else None
     addresses = [a for _, _, a in info.workers]
     is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
-    hosts = [a.rpartition(":")[0] for a in addresses]
     relay = host_relay.HostRelay(hosts, info.worker_index) if (
         host_relay.HostRelay.wanted(hosts)) else None
     self._book = round_book.RoundBook(

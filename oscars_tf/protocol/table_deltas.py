@@ -41,6 +41,9 @@ ChangeRecord); larger changes travel at once. Sending the latest sample
 instead left the snapshot at the extreme that set it off, and noise sent
 it back: three times the cells.
 
+A round's changes beyond a byte budget per member wait for a later round
+(`chief_changes`, delta_budget.py).
+
 The tolerances make the snapshot a little stale (a rate at most 2 % off
 its running mean, up to 8 % for a round or two while a change is
 confirmed): the planner plans with it on every member alike, so agreement
