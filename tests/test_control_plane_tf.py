@@ -45,3 +45,32 @@ def test_four_tasks_over_the_real_service_measure_and_end(tmp_path):
   assert r["client_private_mb"] > 0 and r["chief_rss_mb"] > 0, r
   assert len(r["pids"]) == n
   assert not [p for p in r["pids"] if _alive(p)], r["pids"]
+
+
+def test_light_clients_as_threads_count_as_workers_and_die_with_their_process(
+    tmp_path):
+  """Nine logical workers in three processes (the chief's, two of four
+  light clients each): every client's keys, ops and bytes are its own, and
+  the last process's exit drops all four of its clients at once."""
+  out = tmp_path / "cp_tf.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "control_plane_tf.py"),
+       "--clients=9", "--clients_per_process=4", "--rounds=6", "--warmup=2",
+       "--slot_s=0.5", "--death_round=4", f"--log={tmp_path / 'tasks.log'}",
+       f"--result_json={out}"], capture_output=True, text=True, timeout=170,
+      cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  [r] = json.loads(out.read_text())["results"]
+  assert r["workers"] == 9 and r["processes"] == 3, r
+  assert r["clients_per_process"] == 4 and len(r["pids"]) == 3, r
+  assert r["dropped"] == 4, r  # the last process's four clients
+  # Before the death: 8 posts, 8 reads, the chief's reads of 8 arrivals
+  # and a few of its own; after it, 4 fewer clients.
+  assert 2 * 4 + 4 <= r["kv_ops"] <= 4 * 9 + 8, r
+  # The clients post the plan's k_i as their steps, so a round's changes
+  # are a header, not every member's steps (which a whole row of 9 would
+  # take: 9 x 13 bytes and more, per client).
+  per_read = 1e6 * r["bytes_out_of_chief_mb"] / 8
+  assert 0 < per_read < 9 * 13, r
+  assert r["chief_slot_cpu_ms"] >= r["chief_cpu_ms"] > 0, r
+  assert not [p for p in r["pids"] if _alive(p)], r["pids"]
