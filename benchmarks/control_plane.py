@@ -25,8 +25,10 @@ round, live keys, plan time, and utilization. No TensorFlow.
 """
 
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -41,6 +43,8 @@ from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import host_arrivals
+from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import round_book
@@ -81,6 +85,10 @@ flags.DEFINE_integer("bytes_per_member", table_deltas.delta_budget
 flags.DEFINE_bool("host_relay", True, "Count one read of each round's "
                   "changes per host, by its leader (protocol/host_relay.py;"
                   " the sampled real round books read their own).")
+flags.DEFINE_bool("host_arrivals", True, "Each host's leader posts the "
+                  "rows of its host with its own and the chief reads one "
+                  "key a host (protocol/host_arrivals.py: the chief's real "
+                  "code, its host's light clients write real files).")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -138,6 +146,28 @@ def _info(me, hosts):
                                workers=workers, is_multi_worker=True)
 
 
+def _gather_arrivals(posted, round_, members, hosts, books, files):
+  """The light clients' side of host_arrivals.py: the chief's host's
+  write their rows to files (for the chief's real HostArrivals), every
+  other host's leader (the lowest member of the last decision on it)
+  posts the host's rows with its own (all there: a leader that is stalled
+  posts nothing). A real round book posts its own row alone."""
+  chief_relay = books[0].membership.relay
+  by_host = {}
+  for j in sorted(members):
+    by_host.setdefault(hosts[j], []).append(j)
+  for host, mates in by_host.items():
+    if host == hosts[0]:
+      for j in mates:
+        if j in posted:
+          relay = host_relay.HostRelay(hosts, j, files)
+          relay.bind(chief_relay.token)
+          host_arrivals.HostArrivals(relay).write(round_, posted[j])
+    elif mates[0] in posted and mates[0] not in books:
+      posted[mates[0]] = host_arrivals.gathered_text(
+          {j: posted[j] for j in mates if j in posted})
+
+
 def _row(rate, round_, steps, loss):
   # records.FIELDS, as a round book posts them: rate, round, loss,
   # divergence, learning rate, steps, healthy, exhausted, sync cost
@@ -162,12 +192,17 @@ def measure(n, rng):
   deaths = set(faulty[:FLAGS.deaths])
   stalls = set(faulty[FLAGS.deaths:FLAGS.deaths + FLAGS.stalls])
   books = {}
+  gathering = (FLAGS.host_arrivals and FLAGS.distribution == "deltas" and
+               host_relay.HostRelay.wanted(hosts))
+  files = tempfile.mkdtemp(prefix="control_plane_") if gathering else None
   for j in [0] + sampled:
     books[j] = round_book.RoundBook(
         _info(j, hosts), schedule, membership=membership.Membership(
             store, j, n, STRAGGLER_S, 30.0, first_round_timeout=30.0,
             is_gone=lambda k: k in gone, distribution=FLAGS.distribution,
-            bytes_per_member=FLAGS.bytes_per_member or None),
+            bytes_per_member=FLAGS.bytes_per_member or None,
+            relay=(host_relay.HostRelay(hosts, 0, files) if gathering and
+                   j == 0 else None)),
         learning_rate_fn=lambda: _LEARNING_RATE)
     books[j].meter = _TrueRate(rates[j])
     books[j].publish = False
@@ -187,6 +222,7 @@ def measure(n, rng):
               else np.ones(n)) / (1.0 + 0.01 * r)  # 1 % a round
     # Light clients post their rows (a stalled one misses this round).
     ops0, out0 = store.ops, store.bytes_out
+    posted = {}  # light client -> its arrival's text
     for j in live:
       if j in books or (r == FLAGS.fault_round and j in stalls):
         continue
@@ -195,8 +231,12 @@ def measure(n, rng):
                      decision_codec.encode_row(_row(reported[j], r, 0,
                                                     losses[j])))
         continue
-      store.set(f"{membership.PREFIX}a/{r}/{j}", decision_codec.encode_row(
-          _row(reported[j], r, plan.local_steps[j], losses[j])))
+      posted[j] = decision_codec.encode_row(
+          _row(reported[j], r, plan.local_steps[j], losses[j]))
+    if gathering and r > 0:
+      _gather_arrivals(posted, r, members, hosts, books, files)
+    for j, text in posted.items():
+      store.set(f"{membership.PREFIX}a/{r}/{j}", text)
     # Sampled workers in threads, the chief here: real round books.
     cpu = {}
 
@@ -282,6 +322,8 @@ def measure(n, rng):
         "dropped": len(decision.dropped),
         "rejoined": len(decision.newcomers),
         "first_round_bytes": first_round_bytes})
+  if files:
+    shutil.rmtree(files, ignore_errors=True)
   return rows
 
 

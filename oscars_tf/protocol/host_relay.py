@@ -83,7 +83,9 @@ class HostRelay:
     return min((j for j in members if self.hosts[j] == mine),
                default=self.me) == self.me
 
-  def _path(self, round_):
+  def path(self, round_):
+    """The host's file of round `round_` (its prefix for the arrival
+    files, host_arrivals.py)."""
     host = self.hosts[self.me].replace(":", "_").replace("/", "_")
     return os.path.join(self.directory,
                         f"oscars_tf-{self.token}-{host}-{round_}")
@@ -96,13 +98,13 @@ class HostRelay:
       self._swept = True
       _remove_older_than(os.path.join(self.directory, "oscars_tf-*"),
                          time.time() - STALE_S)
-    path = self._path(round_)
+    path = self.path(round_)
     try:
       with open(f"{path}.{self.me}.tmp", "w", encoding="ascii") as f:
         f.write(text)
       os.replace(f"{path}.{self.me}.tmp", path)
       self.files_written += 1
-      _remove(self._path(round_ - KEEP_ROUNDS))
+      remove_file(self.path(round_ - KEEP_ROUNDS))
     except OSError as e:  # a full or read-only file system: no relay
       logging.warning("oscars_tf: worker %d cannot write the host's "
                       "decision file (%s); the host's workers read the "
@@ -116,7 +118,7 @@ class HostRelay:
     decision."""
     if self.stopped or self.token is None:
       return None
-    path = self._path(round_)
+    path = self.path(round_)
     out_since, asked, pause = None, -POLL_S, FILE_POLL_S[0]
     while time.monotonic() < deadline:
       try:
@@ -154,7 +156,7 @@ class HostRelay:
     (which the host's other members may be reading still)."""
     if self.token is not None:
       for r in range(last_round - KEEP_ROUNDS, last_round):
-        _remove(self._path(r))
+        remove_file(self.path(r))
 
 
 def _remove_older_than(pattern, when):
@@ -166,7 +168,7 @@ def _remove_older_than(pattern, when):
       pass  # another leader removed it
 
 
-def _remove(path):
+def remove_file(path):
   try:
     os.remove(path)
   except OSError:

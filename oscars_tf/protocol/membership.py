@@ -1,7 +1,9 @@
 """Who takes part in each round, agreed through a key-value store.
 
-At every round end each worker writes its table row to the store. The chief
-waits for the members' rows, up to `straggler_timeout` seconds after its own
+At every round end each worker writes its table row to the store (on a job
+of several hosts each host's leader also posts the rows of the host it
+gathered through files, so that the chief reads one key a host:
+host_arrivals.py). The chief waits for the members' rows, up to `straggler_timeout` seconds after its own
 arrival; a member that is not there by then (stopped, cut off, dead) is
 dropped from the round, and one whose process is gone (its server refuses
 connections) is dropped as soon as the chief sees that. The chief writes
@@ -31,6 +33,7 @@ import numpy as np
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import delta_budget
+from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import table_deltas
@@ -73,6 +76,9 @@ class Membership:
     self.distribution = distribution
     self.bytes_per_member = bytes_per_member
     self.relay = relay if distribution == "deltas" else None
+    # The host's rows gathered by its leader (host_arrivals.py).
+    self.arrivals = (host_arrivals.HostArrivals(self.relay)
+                     if self.relay is not None else None)
     self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
     self._snapshot_round = -1
     self._pending = table_deltas.pending_changes(num_workers)  # the chief's
@@ -114,7 +120,10 @@ class Membership:
     travel ("deltas").
     """
     self._expected_steps = expected_steps
-    self.store.set(f"{PREFIX}a/{round_}/{self.me}", _dump(row))
+    text = _dump(row)
+    if self.arrivals is not None and self.me != 0:  # the chief reads files
+      text = self.arrivals.arrival_text(round_, text, self.members)
+    self.store.set(f"{PREFIX}a/{round_}/{self.me}", text)
     if self.me == 0:
       decision = self._decide(round_, row, epoch_done, chief_plan,
                               expected_s)
@@ -312,24 +321,35 @@ class Membership:
 
   # -- the chief -----------------------------------------------------------
 
+  def _read_arrivals(self, round_, others, rows, deadline):
+    """The rows of `others` (members but the chief) into `rows`: on a job
+    of several hosts the chief's host's from their files and every other
+    host's from its leader's key first (host_arrivals.py), then each
+    member's own key for the rest; one not there by `deadline` (or whose
+    process is gone) is left out."""
+    first = []
+    if self.arrivals is not None:
+      first = self.arrivals.read_leaders(
+          self.store, f"{PREFIX}a/{round_}/", round_, others, self.members,
+          rows, deadline, self.is_gone)
+    rest = [j for j in others if j not in rows and j not in first]
+    texts = kv_store.values_unless_gone(
+        self.store, [f"{PREFIX}a/{round_}/{j}" for j in rest], deadline,
+        lambda i: self.is_gone(rest[i]))
+    rows.update((j, t) for j, t in zip(rest, texts) if t is not None)
+
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = {0: _dump(my_row)}  # store texts, decoded at once
     t0 = time.monotonic()
     wait = min(max(0.0, expected_s), self.decision_timeout)
     deadline = t0 + wait + (self.straggler_timeout if round_ else
                             self.first_round_timeout)
-    arrived, dropped = [0], []
     others = [j for j in self.members if j != 0]
-    texts = kv_store.values_unless_gone(
-        self.store, [f"{PREFIX}a/{round_}/{j}" for j in others], deadline,
-        lambda i: self.is_gone(others[i]))
-    for j, text in zip(others, texts):
-      if text is None:
-        dropped.append(j)
-        self.events.append((round_, "dropped", j, time.monotonic() - t0))
-      else:
-        rows[j] = text
-        arrived.append(j)
+    self._read_arrivals(round_, others, rows, deadline)
+    arrived = [0] + [j for j in others if j in rows]
+    dropped = [j for j in others if j not in rows]
+    for j in dropped:
+      self.events.append((round_, "dropped", j, time.monotonic() - t0))
     newcomers = []
     was_member = set(self.members)  # a set: `in` a tuple is O(workers)
     outside = [j for j in range(1, self.n) if j not in was_member]

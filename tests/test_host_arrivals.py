@@ -1,0 +1,141 @@
+"""Each host's leader gathers its host's rows through files and posts them
+under its own arrival key, so the chief reads one key per host
+(protocol/host_arrivals.py); nothing depends on the files: a leader that is
+gone, a row that came late and a host without a shared file system all end
+in the chief reading the member's own key, with the same decision.
+
+Workers are threads on an in-memory store; a "host's" file directory is a
+pytest tmp_path."""
+
+import math
+import time
+
+from fake_store import FakeStore, run_threads
+
+from oscars_tf.protocol import host_arrivals
+from oscars_tf.protocol import host_relay
+from oscars_tf.protocol import membership
+
+HOSTS = ("10.0.0.1",) * 3 + ("10.0.0.2",) * 3 + ("10.0.0.3",) * 3
+
+
+class ArrivalReads(FakeStore):
+  """Whose arrival keys the chief asked for, by round (only the chief
+  reads them)."""
+
+  def __init__(self):
+    super().__init__()
+    self.asked = {}  # round -> {worker whose key}
+
+  def get(self, key, timeout_s):
+    if key.startswith(f"{membership.PREFIX}a/"):
+      _, round_, worker = key.rsplit("/", 2)
+      self.asked.setdefault(int(round_), set()).add(int(worker))
+    return super().get(key, timeout_s)
+
+
+def _row(worker, round_):
+  return [10.0 + worker, float(round_), 1.0, math.nan, 0.1, 8.0, 1.0, 0.0,
+          0.1]
+
+
+def _job(store, directories, straggler=1.0, gather_s=5.0, gone=()):
+  ws = [membership.Membership(
+      store, i, len(HOSTS), straggler, 20.0, first_round_timeout=5.0,
+      is_gone=lambda j: j in gone,
+      relay=host_relay.HostRelay(HOSTS, i, directories[i], grace_s=5.0))
+        for i in range(len(HOSTS))]
+  for w in ws:
+    w.arrivals.gather_s = gather_s
+  return ws
+
+
+def _round(ws, r, who=None, late=None, late_s=0.0):
+  def one(w):
+    if w.me == late:
+      time.sleep(late_s)
+    return w.exchange(r, _row(w.me, r))
+  out, errors = run_threads([lambda w=w: one(w) for w in ws
+                             if who is None or w.me in who])
+  assert errors == [None] * len(out), errors
+  assert len({d.to_json() for d in out}) == 1  # every member agrees
+  return out[0]
+
+
+def _rates(decision):
+  return [decision.rows[j][0] for j in decision.members]
+
+
+def test_the_chief_reads_one_key_per_other_host(tmp_path):
+  store = ArrivalReads()
+  ws = _job(store, [str(tmp_path)] * len(HOSTS))
+  d = _round(ws, 0)  # the job's token is not yet known: every key read
+  assert sorted(store.asked[0]) == list(range(1, 9))
+  for r in (1, 2, 3):
+    d = _round(ws, r)
+    # Host 1's leader is the chief (its mates' rows from files); hosts 2
+    # and 3 are read through their leaders 3 and 6.
+    assert sorted(store.asked[r]) == [3, 6], store.asked
+    assert d.members == tuple(range(9)) and d.dropped == ()
+    assert _rates(d) == [10.0 + j for j in range(9)]
+  assert ws[0].arrivals.rows_gathered == 2 * 3  # workers 1 and 2, 3 rounds
+  assert ws[3].arrivals.rows_gathered == ws[6].arrivals.rows_gathered == 6
+  for w in ws:
+    w.finish(3)
+  assert not [p for p in tmp_path.iterdir() if "-a-" in p.name]
+
+
+def test_a_gone_leaders_host_is_read_member_by_member(tmp_path):
+  store = ArrivalReads()
+  gone = set()
+  ws = _job(store, [str(tmp_path)] * len(HOSTS), gone=gone)
+  _round(ws, 0)
+  _round(ws, 1)
+  gone.add(3)  # host 2's leader dies before round 2
+  d = _round(ws, 2, who=[j for j in range(9) if j != 3])
+  assert d.dropped == (3,) and d.members == (0, 1, 2, 4, 5, 6, 7, 8)
+  assert sorted(store.asked[2]) == [3, 4, 5, 6]
+  assert _rates(d) == [10.0 + j for j in d.members]
+  # Worker 4 leads host 2 from the next round on.
+  d = _round(ws, 3, who=d.members)
+  assert sorted(store.asked[3]) == [4, 6]
+  assert d.members == (0, 1, 2, 4, 5, 6, 7, 8)
+
+
+def test_a_row_later_than_the_gathering_is_read_from_its_own_key(tmp_path):
+  store = ArrivalReads()
+  ws = _job(store, [str(tmp_path)] * len(HOSTS), straggler=10.0,
+            gather_s=0.05)
+  _round(ws, 0)
+  _round(ws, 1)
+  # Worker 7 arrives well after its leader (6) stopped gathering.
+  d = _round(ws, 2, late=7, late_s=0.6)
+  assert d.members == tuple(range(9)) and d.dropped == ()
+  assert sorted(store.asked[2]) == [3, 6, 7]
+  assert _rates(d) == [10.0 + j for j in range(9)]
+
+
+def test_without_a_shared_file_system_leaders_stop_looking(tmp_path):
+  store = ArrivalReads()
+  dirs = []
+  for j in range(len(HOSTS)):
+    (tmp_path / str(j)).mkdir()
+    dirs.append(str(tmp_path / str(j)))
+  ws = _job(store, dirs, gather_s=0.05)
+  rounds = 2 + host_arrivals.MISSES_TO_STOP
+  for r in range(rounds):
+    d = _round(ws, r)
+    assert d.members == tuple(range(9))
+    assert sorted(store.asked[r]) == list(range(1, 9))
+  assert ws[0].arrivals.stopped and ws[3].arrivals.stopped
+  # Each member removes its own unread rows: two rounds at most are left.
+  for j in (1, 4):
+    left = [p.name for p in (tmp_path / str(j)).iterdir() if "-a-" in p.name]
+    assert len(left) <= 2, left
+
+
+def test_gathered_text_round_trip():
+  rows = {4: "AAAA", 12: "QUJD", 5: "+/=="}
+  text = host_arrivals.gathered_text(rows)
+  assert host_arrivals.rows_of(text, 4) == rows
+  assert host_arrivals.rows_of("AAAAAA==", 7) == {7: "AAAAAA=="}
