@@ -87,7 +87,7 @@ def measure(n, log):
   command += [f"--{k}={getattr(FLAGS, k)}" for k in (
       "rounds", "slot_s", "chief_at", "read_at", "sigma", "seed",
       "distribution", "death_round", "start_timeout_s",
-      "clients_per_process", "concurrent_reads")]
+      "clients_per_process", "concurrent_reads", "workers_per_host")]
   env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
   t0 = time.time()
   with worker_processes.Signals() as signals:
@@ -195,6 +195,7 @@ def main(argv):
         f"{FLAGS.sigma}; distribution={FLAGS.distribution}; "
         f"concurrent_reads={FLAGS.concurrent_reads}; "
         f"{FLAGS.clients_per_process} light client(s) per process; "
+        f"{FLAGS.workers_per_host or 'all'} workers per host; "
         f"{FLAGS.rounds - FLAGS.warmup} measured rounds)")
   head = (f"{'N':>5} {'procs':>5} {'chief CPU ms all/main':>21} "
           f"{'slot CPU ms':>11} {'chief wall ms':>13} "
@@ -242,6 +243,7 @@ def main(argv):
                      "clients", "rounds", "warmup", "slot_s", "chief_at",
                      "read_at", "sigma", "seed", "distribution",
                      "concurrent_reads", "clients_per_process",
+                     "workers_per_host",
                      "death_round")},
                  "stopped": stopped, "results": results}, f, indent=1)
   return 0

@@ -24,6 +24,8 @@ import numpy as np
 from absl import flags
 
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import host_arrivals
+from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import table_deltas
@@ -51,6 +53,12 @@ flags.DEFINE_float("start_timeout_s", 600.0, "Seconds for all N processes "
                    "to start and register.")
 flags.DEFINE_string("task_out", None, "Internal: a task writes its "
                     "measurements to this folder (set in the tasks).")
+flags.DEFINE_integer("workers_per_host", 0, "Logical workers per logical "
+                     "host (0: one host, as on this machine): each host's "
+                     "leader gathers its host's rows through files and the "
+                     "chief reads one key a host (protocol/host_arrivals.py"
+                     "; the decision is still read from the service by "
+                     "every client).")
 flags.DEFINE_integer("workers_total", 0, "Internal: N, the logical workers "
                      "of the tasks' cluster (set in the tasks).")
 FLAGS = flags.FLAGS
@@ -183,7 +191,7 @@ def run_task():
 
     def client(j):
       try:
-        _client_rounds(stores[j], j, rates[j], t0, dies, results[j])
+        _client_rounds(stores[j], j, n, rates[j], t0, dies, results[j])
       except BaseException as e:  # pylint: disable=broad-except
         errors.append(e)
     threads = [threading.Thread(target=client, args=(j,), daemon=True)
@@ -225,7 +233,7 @@ def _chief_rounds(info, n, store, rates, t0, result):
   member = membership.Membership(
       store, 0, n, STRAGGLER_S, 60.0, first_round_timeout=60.0,
       is_gone=lambda j: membership.connection_refused(addresses[j]),
-      distribution=FLAGS.distribution)
+      distribution=FLAGS.distribution, relay=_relay(0, n))
   book = round_book.RoundBook(info, schedules.Adaptive(grouping="speed"),
                               membership=member)
   book.meter, book.publish = _true_rate(rates[0]), False
@@ -285,10 +293,23 @@ def _planned_steps(round_, me, default):
     return int(steps[me]) if steps is not None else default
 
 
-def _client_rounds(store, me, rate, t0, dies, result):
-  """A light client: its row posted, the decision read, nothing planned."""
+def _relay(me, n):
+  """Worker `me`'s host relay on the logical hosts (--workers_per_host),
+  its files in the tasks' folder; None on one host."""
+  if not FLAGS.workers_per_host:
+    return None
+  hosts = [f"host{j // FLAGS.workers_per_host}" for j in range(n)]
+  return host_relay.HostRelay(hosts, me, FLAGS.task_out)
+
+
+def _client_rounds(store, me, n, rate, t0, dies, result):
+  """A light client: its row posted (a host's leader: the host's rows,
+  with --workers_per_host), the decision read, nothing planned."""
   deltas = FLAGS.distribution == "deltas"
   member = True
+  relay = _relay(me, n)
+  arrivals = host_arrivals.HostArrivals(relay) if relay else None
+  members = set(range(n))  # as the last decision's changes say
   for r in range(FLAGS.rounds):
     if dies and r == FLAGS.death_round:
       result["died_at"] = r
@@ -298,6 +319,10 @@ def _client_rounds(store, me, rate, t0, dies, result):
     steps = _planned_steps(r, me, max(1, round(rate)))
     row = decision_codec.encode_row(_row(rate, r, steps,
                                          1.0 / (1.0 + 0.01 * r)))
+    if arrivals is not None and r == 1:  # the job's token, once
+      relay.bind(store.get(f"{membership.PREFIX}job", 60.0))
+    if member and arrivals is not None:
+      row = arrivals.arrival_text(r, row, sorted(members))
     if member:
       store.set(f"{membership.PREFIX}a/{r}/{me}", row)
     else:  # dropped last round (late): asks to rejoin, as a worker does
@@ -312,6 +337,7 @@ def _client_rounds(store, me, rate, t0, dies, result):
         text = store.get(f"{membership.PREFIX}s/{r}", 60.0)
         membership.Decision.decode(text)
       member = me in changes.newcomers or member and me not in changes.dropped
+      members = (members - set(changes.dropped)) | set(changes.newcomers)
     else:
       member = me in membership.Decision.decode(text).members
     result["rounds"][r] = {"read_at": read_at,

@@ -173,6 +173,11 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
   rounds = len(outs[0]["rounds"])
   assert [o["relay"]["written"] >= rounds for o in outs[::2]] == [True] * 2
   assert [o["relay"]["read"] >= rounds - 1 for o in outs[1::2]] == [True] * 2
+  # Each leader posted its host's other row with its own at least once
+  # (protocol/host_arrivals.py; a row later than the gathering is read
+  # from its own key, so not every round).
+  assert [o["relay"]["gathered"] >= 1 for o in outs[::2]] == [True] * 2, [
+      o["relay"] for o in outs]
   proj = [{r["step"]: r["proj"] for r in o["records"]} for o in outs]
   kinds = set()
   for k, r in enumerate(outs[0]["rounds"][PROBE_ROUNDS:], PROBE_ROUNDS):

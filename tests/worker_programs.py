@@ -235,11 +235,13 @@ def fit(params):
 
 def _relay_counts(strategy):
   """Rounds this worker read from / wrote to its host's decision file
-  (protocol/host_relay.py); None without a relay."""
+  (protocol/host_relay.py), and the host's rows it gathered as the host's
+  leader (protocol/host_arrivals.py); None without a relay."""
   membership = strategy.extended.round_book.membership
   relay = membership.relay if membership is not None else None
-  return None if relay is None else {"read": relay.files_read,
-                                     "written": relay.files_written}
+  return None if relay is None else {
+      "read": relay.files_read, "written": relay.files_written,
+      "gathered": membership.arrivals.rows_gathered}
 
 
 def sync_equivalence(params):
