@@ -1,0 +1,87 @@
+"""control_plane.py's numbers: the averaging traffic a plan makes, and the
+medians over a run's rounds. No TensorFlow."""
+
+import statistics
+
+from oscars_tf.policy import plan_changes
+
+
+def averaging_traffic(plan, hosts, members, max_leaders):
+  """(mean, max) over the members of the bytes each sends to average the
+  model in the round `plan` plans, over the ring all-reduce bound
+  2(N-1)/N x the model's bytes: counted from the plan and the collectives
+  the strategy runs (a ring all-reduce of g members sends 2(g-1)/g of the
+  model per member; a global sync across hosts: a ring in each host, the
+  host leaders' rings in racks, the racks' leaders' ring, back down with
+  the same rings, runtime/averaging.py HierarchicalAverager)."""
+  def ring(g):
+    return 2.0 * (g - 1) / g if g > 1 else 0.0
+  members = sorted(members)
+  sent = dict.fromkeys(members, 0.0)
+  by_host = {}
+  for j in members:
+    by_host.setdefault(hosts[j], []).append(j)
+  if plan.global_sync and len(by_host) > 1:
+    leaders = sorted(g[0] for g in by_host.values())
+    racks = plan_changes.racks_of(leaders, max_leaders)
+    for g in by_host.values():
+      for j in g:
+        sent[j] += 2 * ring(len(g))  # into the host, and back down
+    for rack in racks:
+      for j in rack:  # the rack's ring (and back down from its leader)
+        sent[j] += ring(len(rack)) * (2 if len(racks) > 1 else 1)
+      if len(racks) > 1:
+        sent[rack[0]] += ring(len(racks))
+  else:
+    is_member = set(members)
+    for g in plan.groups:
+      g = [j for j in g if j in is_member]
+      for j in g:
+        sent[j] += ring(len(g))
+  bound = ring(len(members)) or 1.0
+  values = list(sent.values())
+  return sum(values) / len(values) / bound, max(values) / bound
+
+
+def summarize(n, every_round):
+  """Medians and maxima over the rounds from 2 on; round 0 and the rounds
+  until every member's rate is known (no member imputed) apart."""
+  rows = [r for r in every_round if r["round"] >= 2]
+  unknown = [r["round"] for r in every_round if r["imputed_members"]]
+  complete = max(unknown) + 1 if unknown else 0  # first round planned
+                                                 # from every rate
+  early = [r["utilization"] for r in every_round
+           if 0 < r["round"] <= complete]
+
+  def med(k):
+    return statistics.median(r[k] for r in rows)
+  return {"workers": n, "rounds": len(rows),
+          "first_table_rounds": complete,
+          "utilization_until_first_table": (statistics.mean(early) if early
+                                            else float("nan")),
+          "bytes_out_of_chief_mb_max_every_round": max(
+              r["bytes_out_of_chief"] for r in every_round) / 1e6,
+          "chief_cpu_ms": med("chief_cpu_ms"),
+          "chief_cpu_ms_max": max(r["chief_cpu_ms"] for r in rows),
+          "worker_cpu_ms": med("worker_cpu_ms"),
+          "kv_ops": med("kv_ops"),
+          "bytes_out_of_chief_mb": med("bytes_out_of_chief") / 1e6,
+          "bytes_out_of_chief_mb_max": max(
+              r["bytes_out_of_chief"] for r in rows) / 1e6,
+          "decision_kb": med("decision_bytes") / 1e3,
+          "first_round_mb": rows[0]["first_round_bytes"] / 1e6,
+          "live_keys_max": max(r["live_keys"] for r in rows),
+          "plan_ms": med("plan_ms"),
+          "utilization": med("utilization"),
+          "median_local_steps": med("median_local_steps"),
+          # Over the measured rounds: group rounds and global syncs alike.
+          "averaging_mean_over_bound": statistics.mean(
+              r["averaging_mean_over_bound"] for r in rows),
+          "averaging_max_over_bound": max(
+              r["averaging_max_over_bound"] for r in rows),
+          "averaging_global_sync_mean_over_bound": max(
+              [r["averaging_mean_over_bound"] for r in rows
+               if r["global_sync"]], default=float("nan")),
+          "time_budget_s": med("time_budget_s"),
+          "dropped": sum(r["dropped"] for r in rows),
+          "rejoined": sum(r["rejoined"] for r in rows)}
