@@ -28,6 +28,11 @@ the last client process exit before posting that round: the chief drops
 its clients as in a job (its server refuses connections:
 membership.connection_refused).
 
+`--workers_per_host=K` puts the workers on logical hosts of K: each
+host's leader posts the host's rows, gathered through files, under its own
+arrival key and the chief reads one key a host (protocol/host_arrivals.py,
+the real code on both sides).
+
 Per N: the chief's round CPU time (`time.process_time`: all its threads,
 the `--concurrent_reads` readers and the service it hosts among them;
 its main thread's alone too) and wall time; the chief process's CPU over
