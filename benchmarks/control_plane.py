@@ -11,8 +11,9 @@ workers are light clients: each posts its row and reads the round's
 decision, as a worker does, so every key-value operation and every byte out
 of the chief is counted (on several hosts, each host's leader posts the
 host's rows with its own and the chief's real code reads one key a host:
-protocol/host_arrivals.py, `--host_arrivals`). Speeds are SIMULATED: lognormal step rates (seeded),
-`--workers_per_host` workers per host; a worker's compute time in a round is
+protocol/host_arrivals.py, `--host_arrivals`). Speeds are SIMULATED:
+lognormal step rates (seeded), `--workers_per_host` workers per host; a
+worker's compute time in a round is
 its planned steps over its true rate, so the plan's quality shows as the
 simulated cluster utilization (compute / (workers x slowest arrival)).
 Every worker reports a SIMULATED sync cost (`--sync_cost_s`), not this
@@ -148,7 +149,7 @@ def _info(me, hosts):
                                workers=workers, is_multi_worker=True)
 
 
-def _gather_arrivals(posted, round_, members, hosts, books, files):
+def _gather_arrivals(posted, round_, members, hosts, books, files, writers):
   """The light clients' side of host_arrivals.py: the chief's host's
   write their rows to files (for the chief's real HostArrivals), every
   other host's leader (the lowest member of the last decision on it)
@@ -162,9 +163,11 @@ def _gather_arrivals(posted, round_, members, hosts, books, files):
     if host == hosts[0]:
       for j in mates:
         if j in posted:
-          relay = host_relay.HostRelay(hosts, j, files)
-          relay.bind(chief_relay.token)
-          host_arrivals.HostArrivals(relay).write(round_, posted[j])
+          if j not in writers:  # made once a worker, as a worker holds it
+            relay = host_relay.HostRelay(hosts, j, files)
+            relay.bind(chief_relay.token)
+            writers[j] = host_arrivals.HostArrivals(relay)
+          writers[j].write(round_, posted[j])
     elif mates[0] in posted and mates[0] not in books:
       posted[mates[0]] = host_arrivals.gathered_text(
           {j: posted[j] for j in mates if j in posted})
@@ -197,6 +200,7 @@ def measure(n, rng):
   gathering = (FLAGS.host_arrivals and FLAGS.distribution == "deltas" and
                host_relay.HostRelay.wanted(hosts))
   files = tempfile.mkdtemp(prefix="control_plane_") if gathering else None
+  writers = {}  # the chief's host's light clients' HostArrivals
   for j in [0] + sampled:
     books[j] = round_book.RoundBook(
         _info(j, hosts), schedule, membership=membership.Membership(
@@ -236,7 +240,7 @@ def measure(n, rng):
       posted[j] = decision_codec.encode_row(
           _row(reported[j], r, plan.local_steps[j], losses[j]))
     if gathering and r > 0:
-      _gather_arrivals(posted, r, members, hosts, books, files)
+      _gather_arrivals(posted, r, members, hosts, books, files, writers)
     for j, text in posted.items():
       store.set(f"{membership.PREFIX}a/{r}/{j}", text)
     # Sampled workers in threads, the chief here: real round books.

@@ -97,8 +97,8 @@ def measure(n, log):
   t0 = time.time()
   with worker_processes.Signals() as signals:
     job = worker_processes.Job(
-        command, coordination_tasks.processes_for(n, FLAGS.clients_per_process), env=env,
-        out=log)
+        command, coordination_tasks.processes_for(
+            n, FLAGS.clients_per_process), env=env, out=log)
     pids = [p.pid for p in job.procs]
     try:
       codes, failed = job.wait(

@@ -3,8 +3,9 @@
 At every round end each worker writes its table row to the store (on a job
 of several hosts each host's leader also posts the rows of the host it
 gathered through files, so that the chief reads one key a host:
-host_arrivals.py). The chief waits for the members' rows, up to `straggler_timeout` seconds after its own
-arrival; a member that is not there by then (stopped, cut off, dead) is
+host_arrivals.py). The chief waits for the members' rows, up to
+`straggler_timeout` seconds after its own arrival; a member that is not
+there by then (stopped, cut off, dead) is
 dropped from the round, and one whose process is gone (its server refuses
 connections) is dropped as soon as the chief sees that. The chief writes
 one *decision* per round — the members, the newcomers and every row — and
