@@ -187,6 +187,8 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
     if r["global_sync"]:
       kinds.add("global")
       assert same(0, 1) and same(0, 2) and same(0, 3), k
+      # Hosts of equal size: shard by shard (runtime/sharded_sync.py).
+      assert all(o["rounds"][k]["sharded_sync"] for o in outs), k
     else:
       kinds.add("host")
       assert [o["rounds"][k]["group"] for o in outs] == [[0, 1]] * 2 + [
@@ -224,6 +226,37 @@ def test_four_hosts_in_racks_of_two_average_in_three_levels():
   assert synced >= 4 and before > 1e-3, (synced, before)
 
 
+def test_three_hosts_of_two_in_racks_sync_shard_by_shard():
+  """Issue 14 item 3: hosts 127.0.0.1 to .3 with two workers each and a
+  group bound of 2: racks of one and two hosts, so each shard crosses in
+  its rack's ring, the racks' ring and back down. If a shard ring paired
+  members holding different shards, or a level were skipped, the workers
+  would differ after a sync."""
+  result = multiworker.run(
+      "fit", 6, dict(COMMON, epochs=2, record=True, validate=False,
+                     adaptive={"global_every": 1, "adaptive_global": False,
+                               "max_group_size": 2, "initial_period": 8,
+                               "max_period": 8}),
+      hosts=["127.0.0.1"] * 2 + ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2)
+  outs = result.outputs
+  proj = [{r["step"]: np.asarray(r["proj"]) for r in o["records"]}
+          for o in outs]
+  before, synced = 0, 0
+  for k, r in enumerate(outs[0]["rounds"]):
+    assert r["global_sync"] and r["sharded_sync"], k
+    ends = [o["rounds"][k]["end_step"] for o in outs]
+    after = [proj[w][ends[w]] for w in range(6)]
+    for w in range(1, 6):
+      assert np.max(np.abs(after[w] - after[0])) <= 1e-4, (k, w)
+    if ends[0] - 1 in proj[0] and ends[4] - 1 in proj[4]:
+      before = max(before, float(np.max(np.abs(
+          proj[0][ends[0] - 1] - proj[4][ends[4] - 1]))))
+    synced += 1
+  assert synced >= 4 and before > 1e-3, (synced, before)
+  weights = [np.asarray(o["weights"]) for o in outs]
+  assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)
+
+
 def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
   """Issue 19 items 1 and 3 on real processes, hosts 127.0.0.1 (workers 0,
   1) and 127.0.0.2 (2, 3), every sync global (host by host): worker 1's
@@ -259,6 +292,11 @@ def test_two_hosts_a_poisoned_and_a_rejoining_worker_keep_the_model_whole():
     assert k[2] <= 0.6 * k[0], (k, b, drops)  # planned at its own (slow) rate
     # ... so it keeps up: no drop/rejoin loop.
     assert not set(range(b + 1, b + 4)) & set(drops), (b, drops)
+  # Hosts of two each go shard by shard; a round without worker 2, host
+  # by host (hosts of one and two: runtime/averaging.py's leaders).
+  assert [r["sharded_sync"] for r in chief] == [
+      r["global_sync"] and len(r["members"]) == 4 for r in chief]
+  assert any(r["sharded_sync"] for r in chief)
   weights = [np.asarray(o["weights"]) for o in outs]
   assert all(np.isfinite(w).all() for w in weights)
   assert all(np.max(np.abs(w - weights[0])) <= 1e-6 for w in weights)

@@ -15,6 +15,7 @@ from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import sharded_sync
 
 # The dtype of each RoundPart field as it crosses tf.py_function.
 PART_DTYPES = round_parts.RoundPart(
@@ -24,7 +25,10 @@ PART_DTYPES = round_parts.RoundPart(
     host_size=tf.int32, weight_in_host=tf.float32, is_leader=tf.bool,
     leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32,
     is_rack_leader=tf.bool, racks_key=tf.int32, racks_size=tf.int32,
-    rack_share=tf.float32)
+    rack_share=tf.float32, sharded=tf.bool, shard_rank=tf.int32,
+    shards=tf.int32, shard_key=tf.int32,
+    shard_size=tf.int32, host_leads_rack=tf.bool, shard_racks_key=tf.int32,
+    shard_racks_size=tf.int32)
 
 
 class Rounds:
@@ -38,6 +42,9 @@ class Rounds:
                                       # one host, ring across hosts
     self._averaging_dtype = averaging_dtype  # None: each tensor's own
     self._hierarchical = averaging.HierarchicalAverager(
+        averaging_device, "NCCL" if per_group_nccl else communication,
+        timeout, averaging_dtype)
+    self._sharded = sharded_sync.ShardedAverager(
         averaging_device, "NCCL" if per_group_nccl else communication,
         timeout, averaging_dtype)
     global_key = group_keys.GROUP_KEY_BASE
@@ -146,8 +153,11 @@ class Rounds:
       def together():
         return group_sum(values, weight)
 
-      def hierarchical():
-        return self._hierarchical.weighted_sum(values, part)
+      def hierarchical():  # shard by shard where hosts are of one size
+        return tf.cond(
+            part.sharded,
+            lambda: self._sharded.weighted_sum(values, part),
+            lambda: self._hierarchical.weighted_sum(values, part))
 
       if self.book.multi_host:  # a global sync crosses hosts hierarchically
         grouped = together

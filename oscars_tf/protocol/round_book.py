@@ -105,6 +105,7 @@ class RoundBook:
     self._skip_steps = 0  # round 0: steps before the clock started
     self._rate_before = math.nan  # the meter before this round's sample
     self._poisoned = []   # workers with non-finite weights this round
+    self._sharded = False  # this round's global sync went shard by shard
     self.last_sync_step = 0  # local step of the last average (Python's)
     self._last_divergence = math.nan
     self._last_sync_cost = math.nan  # arrival to averaged, last round
@@ -247,10 +248,12 @@ class RoundBook:
     sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
     round_parts.register_groups(self.group_keys, self.plan, self.hosts,
                                 self.members, self._max_leaders)
-    return round_parts.part_of(
+    part = round_parts.part_of(
         self.me, self.round, self.plan, self.hosts, self.members, sound,
         self.group_keys, rows.reshape(-1), bool(decision.newcomers),
         self._max_leaders)
+    self._sharded = part.is_global and part.sharded
+    return part
 
   def _adopt(self, decision):
     """A rejoining worker takes the cluster's round, epoch accounting and
@@ -335,6 +338,7 @@ class RoundBook:
         "planned_steps": self.plan.local_steps[self.me],
         "group": list(self.plan.group_of(self.me)),
         "global_sync": self.plan.global_sync,
+        "sharded_sync": self._sharded,  # across hosts, shard by shard
         "epoch_end": self.plan.epoch_end,
         "compute_s": self._arrival_compute, "wait_s": wait, "comm_s": comm,
         "arrived_at": time.time() - (now - self._t_arrive),

@@ -36,6 +36,16 @@ class RoundPart(NamedTuple):
   racks_key: int         # the racks' leaders (size 1: a single rack)
   racks_size: int
   rack_share: float
+  # A global sync across hosts of equal size goes shard by shard instead
+  # (plan_changes.shard_layout); placeholders otherwise.
+  sharded: bool
+  shard_rank: int        # its place on its host: the shard it holds, if
+  shards: int            # below the number of shards
+  shard_key: int         # this worker's shard's ring in its rack
+  shard_size: int
+  host_leads_rack: bool
+  shard_racks_key: int   # its shard's ring of the racks' first hosts
+  shard_racks_size: int
 
 
 class NextRound(NamedTuple):
@@ -63,6 +73,9 @@ def register_groups(group_keys, plan, hosts, members, max_leaders=None):
     racks = plan_changes.racks_of(leaders, max_leaders or len(leaders))
     group_keys.register(by_host + racks + (
         [[r[0] for r in racks]] if len(racks) > 1 else []))
+    layout = plan_changes.shard_layout(hosts, members, max_leaders)
+    if layout is not None:
+      group_keys.register(layout.rings())
 
 
 def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
@@ -84,7 +97,8 @@ def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
       group_keys.key(group), len(group),
       len({hosts[i] for i in group}) == 1, plan.global_sync, rejoining,
       1.0 / len(holders) if me in holders else 0.0,
-      *_host_part(me, plan, hosts, members, sound, group_keys, max_leaders))
+      *_host_part(me, plan, hosts, members, sound, group_keys, max_leaders),
+      *_shard_part(me, hosts, members, group_keys, max_leaders))
 
 
 def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
@@ -99,3 +113,19 @@ def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
           part.host_share, me == part.leaders[0],
           group_keys.key(racks) if len(racks) > 1 else 0, len(racks),
           part.rack_share)
+
+
+def _shard_part(me, hosts, members, group_keys, max_leaders):
+  """Sharded-sync fields of worker `me` (see RoundPart)."""
+  layout = (plan_changes.shard_layout(hosts, members, max_leaders)
+            if multi_host(hosts) else None)
+  if layout is None:
+    return (False, 0, 1, 0, 1, True, 0, 1)
+  place, rack, leads, _ = layout.place(me)
+  if place >= layout.shards:  # holds no shard: within its host only
+    return (True, place, layout.shards, 0, 1, leads, 0, 1)
+  ring = layout.ring(rack, place)
+  several = len(layout.racks) > 1
+  return (True, place, layout.shards, group_keys.key(ring), len(ring), leads,
+          group_keys.key(layout.top(place)) if several else 0,
+          len(layout.racks))

@@ -37,7 +37,11 @@ _NCCL_DTYPES = frozenset({"float16", "float32", "float64", "int32", "int64"})
 # Instance keys per role; each role gets a disjoint range of keys.
 INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "racks": 3 << 27,
                      "rack_back": 4 << 27, "across": 5 << 27,
-                     "back": 6 << 27, "shared": 7 << 27}
+                     "back": 6 << 27, "shared": 7 << 27,
+                     # the sharded global sync (sharded_sync.py)
+                     "shard_in": 8 << 27, "shard_across": 9 << 27,
+                     "shard_racks": 10 << 27, "shard_back": 11 << 27,
+                     "shard_out": 12 << 27, "shard_order": 13 << 27}
 _MAX_PACKS = 1 << 10
 _SHAPE_SLOTS = 1 << 17  # (1 << 27) // _MAX_PACKS
 
@@ -55,6 +59,17 @@ def instance_key(role, pack_index, dtype, length):
   """
   slot = zlib.crc32(f"{dtype}:{length}".encode()) % _SHAPE_SLOTS
   return INSTANCE_KEY_BASE[role] + slot * _MAX_PACKS + pack_index
+
+
+def instance_key_of_cut(role, pack_index, dtype, length, cut):
+  """`instance_key`, for a collective whose shape also depends on `cut`
+  (an int32 tensor: how many shards the pack is cut in). A group may
+  outlive a cut (the same members, after another host lost one), and
+  TensorFlow would refuse the new shape under the old key."""
+  slot = zlib.crc32(f"{dtype}:{length}".encode())
+  return INSTANCE_KEY_BASE[role] + tf.math.floormod(
+      slot % _SHAPE_SLOTS + cut * 40503, _SHAPE_SLOTS) * _MAX_PACKS + (
+          pack_index)
 
 
 def choose_communication(requested, device_types, hosts):
@@ -138,7 +153,7 @@ PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
                tf.errors.CancelledError, tf.errors.AbortedError)
 
 
-def _packs(tensors, averaging_dtype=None):
+def packs_by_dtype(tensors, averaging_dtype=None):
   """(dtype sent, indices of the tensors sent in it), in a fixed order."""
   by_dtype = {}
   for i, t in enumerate(tensors):
@@ -200,7 +215,7 @@ class GroupAverager:
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
     previous = fault_injection.before_collective()  # [] outside tests
-    packs = _packs(tensors, None if exact else self.averaging_dtype)
+    packs = packs_by_dtype(tensors, None if exact else self.averaging_dtype)
     for pack_index, (dtype, indices) in enumerate(packs):
       assert pack_index < _MAX_PACKS
       with tf.device(self.device):

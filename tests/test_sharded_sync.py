@@ -1,0 +1,176 @@
+"""Tests for the sharded global sync: plan_changes.shard_layout (its rings)
+and runtime/sharded_sync.py (its sums, run on logical CPUs).
+
+The sums run in a child process: it needs six logical CPUs, and this
+process's TensorFlow runtime has two (conftest.py). Each member is a thread
+on its own logical CPU, with its RoundPart from round_parts.part_of, as a
+worker gets it at a round end.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from oscars_tf.policy import plan_changes
+
+
+def _hosts(*sizes):
+  return [f"h{h}" for h, size in enumerate(sizes) for _ in range(size)]
+
+
+def test_equal_hosts_shard_and_every_ring_is_bounded():
+  hosts = _hosts(*[4] * 10)  # 10 hosts of 4; racks of at most 3 hosts
+  layout = plan_changes.shard_layout(hosts, range(40), max_leaders=3)
+  assert len(layout.hosts) == 10 and len(layout.racks) == 4
+  rings = layout.rings()
+  assert max(len(r) for r in rings) <= 4  # 3 hosts a rack, 4 racks' tops
+  # Every member is in exactly one rack ring, with the same rank on every
+  # host of the ring.
+  in_rack_rings = rings[:4 * 4]
+  assert sorted(j for r in in_rack_rings for j in r) == list(range(40))
+  for ring in in_rack_rings:
+    assert len({j % 4 for j in ring}) == 1
+  for me in range(40):
+    rank, rack, leads, size = layout.place(me)
+    assert rank == me % 4 and size == 4 and me in layout.ring(rack, rank)
+    assert leads == (me // 4 == layout.racks[rack][0])
+    assert layout.top(rank)[rack] // 4 == layout.racks[rack][0]
+
+
+@pytest.mark.parametrize("hosts, members", [
+    (_hosts(2, 2, 1), range(5)),      # a host of one member
+    (_hosts(2, 2), [0, 1, 2]),        # a member gone: a host of one
+    (_hosts(2, 4), range(6)),         # 4 >= 2 x 2: by leaders is cheaper
+    (_hosts(1, 1, 1), range(3)),      # one worker a host: leaders only
+    (_hosts(4), range(4)),            # one host
+])
+def test_no_layout_where_hosts_differ_much_or_nothing_crosses(hosts,
+                                                               members):
+  assert plan_changes.shard_layout(hosts, members) is None
+
+
+def test_a_member_gone_shards_by_the_smallest_host():
+  hosts = _hosts(3, 3)
+  layout = plan_changes.shard_layout(hosts, [0, 1, 2, 3, 5])
+  assert layout.hosts == ((0, 1, 2), (3, 5)) and layout.shards == 2
+  assert layout.rings() == [(0, 3), (1, 5)]
+  assert layout.place(2) == (2, 0, True, 3)  # holds no shard
+  assert plan_changes.shard_layout(hosts, [0, 1, 3, 4]).rings() == [
+      (0, 3), (1, 4)]
+
+
+_CASES = {
+    # name: (workers a host, hosts, max hosts a rack, averaging dtype,
+    #        workers gone)
+    "two_hosts_of_three": (3, 2, None, None, ()),
+    "three_hosts_in_two_racks": (2, 3, 2, None, ()),
+    "bfloat16": (2, 2, None, "bfloat16", ()),
+    # hosts of 3, 2 and 3 members: two shards, worker 2 and 7 hold none
+    "a_worker_gone": (3, 3, 2, None, (4,)),
+    # the same, after a sum of all 9 in 3 shards: groups that stay (the
+    # first host, the ring of workers 0 and 3) now carry 2 shards
+    "a_worker_gone_after_a_whole_sum": (3, 3, 2, None, (4,), True),
+}
+
+
+def _child(case):
+  """Runs one sharded sum with every member a thread; prints JSON."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
+  from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
+  from oscars_tf.policy import records  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import group_keys  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
+  from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
+
+  per_host, num_hosts, max_leaders, dtype, gone = _CASES[case][:5]
+  n = per_host * num_hosts
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+  hosts = _hosts(*[per_host] * num_hosts)
+  rng = np.random.default_rng(3)
+  rates = 10.0 * np.exp(rng.normal(0, 0.5, n))
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=float(r), round=0) for r in rates), tuple(hosts))
+  whole_plan = schedules.Adaptive(global_every=1, adaptive_global=False).plan(
+      table, 1)
+  keys = group_keys.GroupKeys(n)
+  # 7 weights and a bias of 3: lengths not a multiple of the host's size.
+  values = [[rng.normal(size=(7,)).astype(np.float32),
+             rng.normal(size=(3,)).astype(np.float32)] for _ in range(n)]
+
+  def sum_once(members):
+    plan = plan_changes.with_members(whole_plan, members)
+    round_parts.register_groups(keys, plan, hosts, members, max_leaders)
+    results, errors = {}, []
+
+    def member(me):
+      try:
+        part = round_parts.part_of(me, 1, plan, hosts, members, [True] * n,
+                                   keys, np.zeros(1), False, max_leaders)
+        assert part.sharded, part
+        p = round_parts.RoundPart(*[
+            tf.constant(v, d) for v, d in zip(part, rounds.PART_DTYPES)])
+        # TensorFlow ranks a group's members in its own order (see
+        # ShardedAverager): here by device, and the devices of even hosts
+        # go in the reverse of worker order, those of odd hosts in it.
+        host, place = divmod(me, per_host)
+        device = "/device:CPU:%d" % (host * per_host + (
+            per_host - 1 - place if host % 2 == 0 else place))
+        averager = sharded_sync.ShardedAverager(
+            device, "RING", 60.0,
+            None if dtype is None else tf.as_dtype(dtype))
+        with tf.device(device):
+          results[me] = [t.numpy().tolist() for t in averager.weighted_sum(
+              [tf.constant(v) for v in values[me]], p)]
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(f"{type(e).__name__}: {str(e)[:300]}")
+
+    threads = [threading.Thread(target=member, args=(m,)) for m in members]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=120)
+    expected = [sum(plan.weights[j] * values[j][i] for j in members)
+                for i in range(2)]
+    return {"errors": errors, "alive": sum(t.is_alive() for t in threads),
+            "results": {str(k): v for k, v in results.items()},
+            "expected": [e.tolist() for e in expected],
+            "weights_sum": float(sum(plan.weights[j] for j in members))}
+
+  first_whole = len(_CASES[case]) > 5
+  if first_whole:
+    out = sum_once(list(range(n)))
+    assert not out["errors"] and not out["alive"], out
+  print(json.dumps(sum_once([j for j in range(n) if j not in gone])))
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_sharded_sum_is_the_weighted_average_on_every_member(case):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+             CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), case],
+                        capture_output=True, text=True, timeout=300,
+                        env=env, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert not out["errors"] and out["alive"] == 0, out["errors"]
+  per_host, num_hosts, _, dtype, gone = _CASES[case][:5]
+  assert len(out["results"]) == per_host * num_hosts - len(gone)
+  assert out["weights_sum"] == pytest.approx(1.0)
+  first = out["results"]["0"]
+  tolerance = 2e-2 if dtype else 1e-6
+  for got in out["results"].values():
+    assert got == first  # bit-identical on every member
+    for g, e in zip(got, out["expected"]):
+      np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance)
+
+
+if __name__ == "__main__":
+  _child(sys.argv[1])
