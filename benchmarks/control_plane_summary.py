@@ -13,8 +13,8 @@ def averaging_traffic(plan, hosts, members, max_leaders):
   the strategy runs (a ring all-reduce of g members sends 2(g-1)/g of the
   model per member; a global sync across hosts: a ring in each host, the
   host leaders' rings in racks, the racks' leaders' ring, back down with
-  the same rings, runtime/averaging.py HierarchicalAverager; over hosts
-  of one size, shard by shard, runtime/sharded_sync.py)."""
+  the same rings, runtime/averaging.py HierarchicalAverager; shard by
+  shard where the hosts' sizes allow, runtime/sharded_sync.py)."""
   def ring(g):
     return 2.0 * (g - 1) / g if g > 1 else 0.0
   members = sorted(members)
@@ -31,11 +31,13 @@ def averaging_traffic(plan, hosts, members, max_leaders):
       place, rack, leads, size = layout.place(j)
       # the all-to-all into the host, the gather back: (L-1)/S each
       sent[j] += 2 * (size - 1) / shards
-      if place < shards:  # its shard's rack ring (and back down)
-        sent[j] += ring(len(layout.ring(rack, place))) / shards * (
-            2 if several else 1)
-        if several and leads:
-          sent[j] += ring(len(layout.racks)) / shards
+      if place < shards:  # its shard's rack ring
+        g = len(layout.ring(rack, place))
+        sent[j] += ring(g) / shards
+        if several:  # the racks' ring, the broadcast back down the rack
+          sent[j] += (g - 1) / g / shards  # (a tree: on average)
+          if leads:
+            sent[j] += ring(len(layout.racks)) / shards
   elif plan.global_sync and len(by_host) > 1:
     leaders = sorted(g[0] for g in by_host.values())
     racks = plan_changes.racks_of(leaders, max_leaders)

@@ -55,8 +55,13 @@ def test_a_global_sync_over_64_hosts_goes_host_by_host():
     if part.is_leader:
       leaders.add(part.leaders_key)
   assert len(leaders) == 1
-  # Keys: the whole cluster, 64 hosts, their leaders.
-  assert len(keys) == 1 + 64 + 1
+  # Hosts of one size: the sync goes shard by shard, shard r in a ring of
+  # the 64 hosts' r-th workers (runtime/sharded_sync.py).
+  assert part.sharded and part.shard_size == 64 and part.shards == per_host
+  assert part.shard_rank == per_host - 1  # (the last worker's part)
+  # Keys: the whole cluster, 64 hosts, their leaders, and the 16 shard
+  # rings, less the first (the leaders' own).
+  assert len(keys) == 1 + 64 + 1 + 15
 
 
 def test_a_global_sync_over_625_hosts_adds_a_level_of_racks():
@@ -87,8 +92,10 @@ def test_a_global_sync_over_625_hosts_adds_a_level_of_racks():
   assert sum(part.is_rack_leader for part in parts.values()) == 10
   assert sum(part.rack_share for part in parts.values()
              if part.is_rack_leader) == pytest.approx(1.0)
-  # Keys: the whole cluster, 625 hosts, 10 racks, their leaders.
-  assert len(keys) == 1 + 625 + 10 + 1
+  # Keys: the whole cluster, 625 hosts, 10 racks, their leaders; the
+  # shard rings: 16 a rack and 16 across the racks' first hosts, less the
+  # first of each (the racks and the racks' leaders).
+  assert len(keys) == 1 + 625 + 10 + 1 + (10 * 16 + 16 - 11)
 
 
 def test_no_group_exceeds_the_default_bound_at_ten_thousand_workers():
@@ -143,8 +150,9 @@ def test_distinct_groups_stay_bounded_while_speeds_drift():
       sizes.append(max(len(g) for g in p.groups))
   groupings = p.state.groupings
   assert len(groupings) == limit, len(groupings)
-  # Each grouping has 64 groups; the cluster, 64 hosts and their leaders.
-  assert seen[239] <= limit * n // 16 + 1 + 64 + 1, seen[239]
+  # Each grouping has 64 groups; the cluster, 64 hosts and their leaders,
+  # 15 more shard rings (the first is the leaders').
+  assert seen[239] <= limit * n // 16 + 1 + 64 + 1 + 15, seen[239]
   first_full = min(r for r in seen if seen[r] == seen[239])
   print(f"\n{n} workers, 240 rounds: {seen[239]} group keys, the last new "
         f"one at round {first_full}; largest group {max(sizes)}")

@@ -10,8 +10,8 @@ plan_changes.shard_layout) and each host's first S members hold one each:
    member's shard r and sums them (a reduce-scatter; TensorFlow's CPU
    collectives have none, and its all-to-all sends each shard once);
 2. shard r crosses hosts in a ring of the hosts' holders of shard r, per
-   rack, then (several racks) in a ring of the racks' first hosts and back
-   down;
+   rack, then (several racks) in a ring of the racks' first hosts, and a
+   broadcast back down each rack;
 3. within the host, an all-gather of the shards.
 
 For H hosts of L (S = L, one rack) each member sends (L-1)/L +
@@ -135,12 +135,8 @@ class ShardedAverager:
           lambda: ring(shard, "shard_racks", p.shard_racks_size,
                        p.shard_racks_key),
           lambda: tf.identity(shard))
-      shard = tf.cond(
-          several,
-          lambda: ring(tf.where(p.host_leads_rack, shard,
-                                tf.zeros_like(shard)),
-                       "shard_back", p.shard_size, p.shard_key),
-          lambda: tf.identity(shard))
+      shard = tf.cond(several, lambda: self._back_down(shard, p, key),
+                      lambda: tf.identity(shard))
       # TensorFlow's gather takes no bfloat16; it only copies, so the same
       # bits travel as float16.
       moved = tf.float16 if flat.dtype == tf.bfloat16 else flat.dtype
@@ -153,3 +149,21 @@ class ShardedAverager:
       whole = tf.gather(tf.reshape(whole, [p.host_size, width]),
                         tf.math.invert_permutation(order))[:p.shards]
       return tf.bitcast(tf.reshape(whole, [-1])[:length], flat.dtype)
+
+  def _back_down(self, shard, p, key):
+    """The racks' sum of the shard, from the rack's first host to the
+    rack's other holders of the shard: a broadcast (a tree: each sends the
+    shard about once), not a ring all-reduce of zeros (twice)."""
+    def send():
+      with tf.control_dependencies([collective_ops.broadcast_send_v2(
+          shard, group_size=p.shard_size, group_key=p.shard_key,
+          instance_key=key("shard_back"), communication_hint="RING",
+          timeout=self.timeout)]):
+        return tf.identity(shard)
+
+    def receive():
+      return collective_ops.broadcast_recv_v2(
+          tf.shape(shard), shard.dtype, group_size=p.shard_size,
+          group_key=p.shard_key, instance_key=key("shard_back"),
+          communication_hint="RING", timeout=self.timeout)
+    return tf.cond(p.host_leads_rack, send, receive)
