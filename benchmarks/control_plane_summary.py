@@ -6,7 +6,7 @@ import statistics
 from oscars_tf.policy import plan_changes
 
 
-def averaging_traffic(plan, hosts, members, max_leaders):
+def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
   """(mean, max) over the members of the bytes each sends to average the
   model in the round `plan` plans, over the ring all-reduce bound
   2(N-1)/N x the model's bytes: counted from the plan and the collectives
@@ -14,7 +14,8 @@ def averaging_traffic(plan, hosts, members, max_leaders):
   model per member; a global sync across hosts: a ring in each host, the
   host leaders' rings in racks, the racks' leaders' ring, back down with
   the same rings, runtime/averaging.py HierarchicalAverager; shard by
-  shard where the hosts' sizes allow, runtime/sharded_sync.py)."""
+  shard where the hosts' sizes allow, runtime/sharded_sync.py;
+  `shard=False`: host by host whatever the sizes)."""
   def ring(g):
     return 2.0 * (g - 1) / g if g > 1 else 0.0
   members = sorted(members)
@@ -23,7 +24,7 @@ def averaging_traffic(plan, hosts, members, max_leaders):
   for j in members:
     by_host.setdefault(hosts[j], []).append(j)
   layout = (plan_changes.shard_layout(hosts, members, max_leaders)
-             if plan.global_sync and len(by_host) > 1 else None)
+             if shard and plan.global_sync and len(by_host) > 1 else None)
   if layout is not None:  # hosts of one size: runtime/sharded_sync.py
     several = len(layout.racks) > 1
     shards = layout.shards
