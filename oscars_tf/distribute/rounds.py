@@ -153,7 +153,7 @@ class Rounds:
       def together():
         return group_sum(values, weight)
 
-      def hierarchical():  # shard by shard where hosts are of one size
+      def hierarchical():  # shard by shard where the hosts' sizes allow
         return tf.cond(
             part.sharded,
             lambda: self._sharded.weighted_sum(values, part),

@@ -1,6 +1,6 @@
 """One worker's part in a round's averaging, from the round's decision:
-its group, key and weights, and across hosts its place in a hierarchical
-global sync. No TensorFlow; the graph side (distribute/rounds.py) takes a
+its group, key and weights, and across hosts its place in a global sync
+(host by host, or shard by shard). No TensorFlow; the graph side (distribute/rounds.py) takes a
 RoundPart's fields as tensors.
 """
 
