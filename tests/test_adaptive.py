@@ -197,60 +197,43 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
   assert kinds == {"global", "host"}
 
 
-def test_four_hosts_in_racks_of_two_average_in_three_levels():
-  """Issue 14: four hosts (127.0.0.1 to .4, a worker each) and a group
-  bound of 2: the host leaders go in two racks of two, and a global sync
-  is the racks' sums, the rack leaders' sum, and back down. If a level
-  were skipped or not sent back, the racks would differ after a sync."""
+@pytest.mark.parametrize("hosts, sharded, other_rack", [
+    # Four hosts of a worker each: the host leaders go in two racks of two,
+    # and a global sync is the racks' sums, the rack leaders' sum, and back
+    # down.
+    (["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"], False, 2),
+    # Three hosts of two workers: racks of one and two hosts, each shard
+    # crosses in its rack's ring, the racks' ring and a broadcast back down
+    # (runtime/sharded_sync.py). A ring pairing members that hold different
+    # shards would leave the hosts different.
+    (["127.0.0.1"] * 2 + ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2, True, 4),
+])
+def test_hosts_in_racks_of_two_average_in_three_levels(hosts, sharded,
+                                                       other_rack):
+  """Issue 14: a group bound of 2 puts the hosts in racks. If a level were
+  skipped or not sent back, the racks would differ after a sync."""
+  n = len(hosts)
   result = multiworker.run(
-      "fit", 4, dict(COMMON, epochs=2, record=True, validate=False,
+      "fit", n, dict(COMMON, epochs=2, record=True, validate=False,
                      adaptive={"global_every": 1, "adaptive_global": False,
                                "max_group_size": 2, "initial_period": 8,
                                "max_period": 8}),
-      hosts=["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"])
+      hosts=hosts)
   outs = result.outputs
   proj = [{r["step"]: np.asarray(r["proj"]) for r in o["records"]}
           for o in outs]
   before, synced = 0, 0
   for k, r in enumerate(outs[0]["rounds"]):
-    assert r["global_sync"], k
+    assert r["global_sync"] and r["sharded_sync"] == sharded, k
     ends = [o["rounds"][k]["end_step"] for o in outs]
-    after = [proj[w][ends[w]] for w in range(4)]
-    for w in range(1, 4):
+    after = [proj[w][ends[w]] for w in range(n)]
+    for w in range(1, n):
       assert np.max(np.abs(after[w] - after[0])) <= 1e-4, (k, w)
-    if ends[0] - 1 in proj[0] and ends[2] - 1 in proj[2]:
+    o = other_rack
+    if ends[0] - 1 in proj[0] and ends[o] - 1 in proj[o]:
       # Before the sync the racks' models differed: the sync joined them.
       before = max(before, float(np.max(np.abs(
-          proj[0][ends[0] - 1] - proj[2][ends[2] - 1]))))
-    synced += 1
-  assert synced >= 4 and before > 1e-3, (synced, before)
-
-
-def test_three_hosts_of_two_in_racks_sync_shard_by_shard():
-  """Issue 14 item 3: hosts 127.0.0.1 to .3 with two workers each and a
-  group bound of 2: racks of one and two hosts, so each shard crosses in
-  its rack's ring, the racks' ring and back down. If a shard ring paired
-  members holding different shards, or a level were skipped, the workers
-  would differ after a sync."""
-  result = multiworker.run(
-      "fit", 6, dict(COMMON, epochs=2, record=True, validate=False,
-                     adaptive={"global_every": 1, "adaptive_global": False,
-                               "max_group_size": 2, "initial_period": 8,
-                               "max_period": 8}),
-      hosts=["127.0.0.1"] * 2 + ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2)
-  outs = result.outputs
-  proj = [{r["step"]: np.asarray(r["proj"]) for r in o["records"]}
-          for o in outs]
-  before, synced = 0, 0
-  for k, r in enumerate(outs[0]["rounds"]):
-    assert r["global_sync"] and r["sharded_sync"], k
-    ends = [o["rounds"][k]["end_step"] for o in outs]
-    after = [proj[w][ends[w]] for w in range(6)]
-    for w in range(1, 6):
-      assert np.max(np.abs(after[w] - after[0])) <= 1e-4, (k, w)
-    if ends[0] - 1 in proj[0] and ends[4] - 1 in proj[4]:
-      before = max(before, float(np.max(np.abs(
-          proj[0][ends[0] - 1] - proj[4][ends[4] - 1]))))
+          proj[0][ends[0] - 1] - proj[o][ends[o] - 1]))))
     synced += 1
   assert synced >= 4 and before > 1e-3, (synced, before)
   weights = [np.asarray(o["weights"]) for o in outs]

@@ -162,6 +162,25 @@ def packs_by_dtype(tensors, averaging_dtype=None):
   return [(tf.as_dtype(k), by_dtype[k]) for k in sorted(by_dtype)]
 
 
+def weighted_pack(tensors, indices, weight, dtype):
+  """The tensors at `indices`, flat, one after another, in `dtype`, each
+  weighted in its own dtype before the cast: a weight is not rounded (0.3
+  in bfloat16 is 0.30078, and the weights would no longer sum to 1), only
+  the products are."""
+  return tf.concat([
+      tf.cast(tf.reshape(tensors[i], [-1]) *
+              tf.cast(weight, tensors[i].dtype), dtype)
+      for i in indices], 0)
+
+
+def unpack(flat, tensors, indices, out):
+  """Puts `flat` (a pack of `weighted_pack`) back in `out` at `indices`,
+  in the shapes and dtypes of `tensors`."""
+  sizes = [int(np.prod(tensors[i].shape)) for i in indices]
+  for i, part in zip(indices, tf.split(flat, sizes)):
+    out[i] = tf.cast(tf.reshape(part, tensors[i].shape), tensors[i].dtype)
+
+
 class GroupAverager:
   """Weighted sum of tensors across the members of one group.
 
@@ -219,13 +238,7 @@ class GroupAverager:
     for pack_index, (dtype, indices) in enumerate(packs):
       assert pack_index < _MAX_PACKS
       with tf.device(self.device):
-        # Weighted in each tensor's own dtype, then cast: a weight is not
-        # rounded (0.3 in bfloat16 is 0.30078, and the weights would no
-        # longer sum to 1), only the products are.
-        flat = tf.concat([
-            tf.cast(tf.reshape(tensors[i], [-1]) *
-                    tf.cast(weight, tensors[i].dtype), dtype)
-            for i in indices], 0)
+        flat = weighted_pack(tensors, indices, weight, dtype)
       # Collectives in one function are ordered explicitly: without an
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
@@ -234,11 +247,8 @@ class GroupAverager:
             flat, instance_key(role, pack_index, dtype.name, flat.shape[0]),
             group_size=group_size, group_key=group_key)
       previous = [reduced]
-      sizes = [int(np.prod(tensors[i].shape)) for i in indices]
       with tf.device(self.device):
-        for i, part in zip(indices, tf.split(reduced, sizes)):
-          out[i] = tf.cast(tf.reshape(part, tensors[i].shape),
-                           tensors[i].dtype)
+        unpack(reduced, tensors, indices, out)
     return out
 
   def min_max(self, vector, role="check"):

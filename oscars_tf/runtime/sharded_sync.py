@@ -68,18 +68,12 @@ class ShardedAverager:
     packs = averaging.packs_by_dtype(tensors, self.averaging_dtype)
     for pack_index, (dtype, indices) in enumerate(packs):
       with tf.device(self.device):
-        flat = tf.concat([
-            tf.cast(tf.reshape(tensors[i], [-1]) *
-                    tf.cast(weight, tensors[i].dtype), dtype)
-            for i in indices], 0)
+        flat = averaging.weighted_pack(tensors, indices, weight, dtype)
       with tf.control_dependencies(previous):
         flat = self._one_pack(flat, p, pack_index, order)
       previous = [flat]
-      sizes = [tensors[i].shape.num_elements() for i in indices]
       with tf.device(self.device):
-        for i, part in zip(indices, tf.split(flat, sizes)):
-          out[i] = tf.cast(tf.reshape(part, tensors[i].shape),
-                           tensors[i].dtype)
+        averaging.unpack(flat, tensors, indices, out)
     return out
 
   def _rank_order(self, p):
