@@ -126,9 +126,11 @@ def _child(case):
         averager = sharded_sync.ShardedAverager(
             device, "RING", 60.0,
             None if dtype is None else tf.as_dtype(dtype))
+        # As a worker runs it: in a graph, where every branch is built.
+        fn = tf.function(lambda xs: averager.weighted_sum(xs, p))  # pylint: disable=cell-var-from-loop
         with tf.device(device):
-          results[me] = [t.numpy().tolist() for t in averager.weighted_sum(
-              [tf.constant(v) for v in values[me]], p)]
+          results[me] = [t.numpy().tolist() for t in fn(
+              [tf.constant(v) for v in values[me]])]
       except Exception as e:  # pylint: disable=broad-except
         errors.append(f"{type(e).__name__}: {str(e)[:300]}")
 

@@ -131,9 +131,7 @@ class ShardedAverager:
           lambda: tf.identity(shard))
       shard = tf.cond(several, lambda: self._back_down(shard, p, key),
                       lambda: tf.identity(shard))
-      # TensorFlow's gather takes no bfloat16; it only copies, so the same
-      # bits travel as float16.
-      moved = tf.float16 if flat.dtype == tf.bfloat16 else flat.dtype
+      moved = _moved_dtype(flat.dtype)
       whole = collective_ops.all_gather_v2(
           tf.bitcast(shard, moved), group_size=p.host_size,
           group_key=p.host_key, instance_key=key("shard_out"),
@@ -148,16 +146,25 @@ class ShardedAverager:
     """The racks' sum of the shard, from the rack's first host to the
     rack's other holders of the shard: a broadcast (a tree: each sends the
     shard about once), not a ring all-reduce of zeros (twice)."""
+    moved = _moved_dtype(shard.dtype)
+
     def send():
       with tf.control_dependencies([collective_ops.broadcast_send_v2(
-          shard, group_size=p.shard_size, group_key=p.shard_key,
-          instance_key=key("shard_back"), communication_hint="RING",
-          timeout=self.timeout)]):
+          tf.bitcast(shard, moved), group_size=p.shard_size,
+          group_key=p.shard_key, instance_key=key("shard_back"),
+          communication_hint="RING", timeout=self.timeout)]):
         return tf.identity(shard)
 
     def receive():
-      return collective_ops.broadcast_recv_v2(
-          tf.shape(shard), shard.dtype, group_size=p.shard_size,
+      return tf.bitcast(collective_ops.broadcast_recv_v2(
+          tf.shape(shard), moved, group_size=p.shard_size,
           group_key=p.shard_key, instance_key=key("shard_back"),
-          communication_hint="RING", timeout=self.timeout)
+          communication_hint="RING", timeout=self.timeout), shard.dtype)
     return tf.cond(p.host_leads_rack, send, receive)
+
+
+def _moved_dtype(dtype):
+  """The dtype a copy (gather, broadcast) moves `dtype` as: TensorFlow's
+  take no bfloat16, and a copy changes no bit, so its bits go as
+  float16."""
+  return tf.float16 if dtype == tf.bfloat16 else dtype
