@@ -176,3 +176,37 @@ def test_sharded_sum_is_the_weighted_average_on_every_member(case):
 
 if __name__ == "__main__":
   _child(sys.argv[1])
+
+
+def test_on_gpus_the_host_steps_are_nccl_and_the_rings_grpc():
+  """Traced only (NCCL cannot run here): within the host the all-to-all,
+  the rank order and the gather carry the NCCL hint; the rings and the
+  broadcast across hosts go over gRPC ring."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
+  from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
+  fields = dict.fromkeys(round_parts.RoundPart._fields, 1)
+  fields.update(table=[0.0], host_size=2, shards=2, shard_rank=0,
+                shard_size=2, shard_racks_size=2, weight_in_host=0.5,
+                host_share=0.5, rack_share=1.0)
+  dtypes = rounds.PART_DTYPES._asdict()
+  part = round_parts.RoundPart(**{
+      k: tf.constant(bool(v) if dtypes[k] == tf.bool else v, dtypes[k])
+      for k, v in fields.items()})
+  averager = sharded_sync.ShardedAverager("/device:GPU:0", "NCCL", 9.0,
+                                          averaging_dtype=tf.bfloat16)
+  graph = tf.function(lambda: averager.weighted_sum(
+      [tf.ones([5]), tf.ones([3])], part)).get_concrete_function().graph
+  hints = {}
+  nodes = [n for f in graph.as_graph_def().library.function
+           for n in f.node_def] + list(graph.as_graph_def().node)
+  for node in nodes:
+    if node.op.startswith("Collective"):
+      hints.setdefault(node.op, set()).add(
+          node.attr["communication_hint"].s.decode())
+  assert hints == {"CollectiveAllToAllV2": {"nccl"},
+                   "CollectiveGatherV2": {"nccl"},
+                   "CollectiveReduceV2": {"ring"},
+                   "CollectiveBcastSendV2": {"ring"},
+                   "CollectiveBcastRecvV2": {"ring"}}, hints
