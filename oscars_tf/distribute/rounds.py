@@ -26,8 +26,8 @@ PART_DTYPES = round_parts.RoundPart(
     leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32,
     is_rack_leader=tf.bool, racks_key=tf.int32, racks_size=tf.int32,
     rack_share=tf.float32, sharded=tf.bool, shard_rank=tf.int32,
-    shards=tf.int32, shard_key=tf.int32,
-    shard_size=tf.int32, host_leads_rack=tf.bool, shard_racks_key=tf.int32,
+    shards=tf.int32, shard_key=tf.int32, shard_size=tf.int32,
+    host_leads_rack=tf.bool, shard_racks_key=tf.int32,
     shard_racks_size=tf.int32)
 
 

@@ -8,6 +8,7 @@ end (`fit_to_epoch`), whole multiples of Keras' steps per call
 """
 
 import dataclasses
+import functools
 import math
 from typing import Tuple
 
@@ -83,15 +84,20 @@ class ShardLayout:
       rings += [self.top(r) for r in range(self.shards)]
     return rings
 
+  @functools.cached_property
+  def _places(self):
+    """member -> place(member), built once: O(workers) for them all."""
+    return {j: (i, k, h == rack[0], len(self.hosts[h]))
+            for k, rack in enumerate(self.racks) for h in rack
+            for i, j in enumerate(self.hosts[h])}
+
   def place(self, me):
     """(place on its host, rack index, its host leads its rack, its host's
     size); the member holds a shard when its place is below `shards`."""
-    for k, rack in enumerate(self.racks):
-      for h in rack:
-        if me in self.hosts[h]:
-          return (self.hosts[h].index(me), k, h == rack[0],
-                  len(self.hosts[h]))
-    raise ValueError(f"worker {me} is not in the layout")
+    try:
+      return self._places[me]
+    except KeyError:
+      raise ValueError(f"worker {me} is not in the layout") from None
 
 
 def shard_layout(hosts, members, max_leaders=None):

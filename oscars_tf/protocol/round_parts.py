@@ -1,7 +1,7 @@
 """One worker's part in a round's averaging, from the round's decision:
 its group, key and weights, and across hosts its place in a global sync
-(host by host, or shard by shard). No TensorFlow; the graph side (distribute/rounds.py) takes a
-RoundPart's fields as tensors.
+(host by host, or shard by shard). No TensorFlow; the graph side
+(distribute/rounds.py) takes a RoundPart's fields as tensors.
 """
 
 from typing import NamedTuple
@@ -36,8 +36,8 @@ class RoundPart(NamedTuple):
   racks_key: int         # the racks' leaders (size 1: a single rack)
   racks_size: int
   rack_share: float
-  # A global sync across hosts of equal size goes shard by shard instead
-  # (plan_changes.shard_layout); placeholders otherwise.
+  # A global sync across hosts whose sizes allow goes shard by shard
+  # instead (plan_changes.shard_layout); placeholders otherwise.
   sharded: bool
   shard_rank: int        # its place on its host: the shard it holds, if
   shards: int            # below the number of shards
