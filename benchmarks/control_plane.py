@@ -154,7 +154,9 @@ def _gather_arrivals(posted, round_, members, hosts, books, files, writers):
   write their rows to files (for the chief's real HostArrivals), every
   other host's leader (the lowest member of the last decision on it)
   posts the host's rows with its own (all there: a leader that is stalled
-  posts nothing). A real round book posts its own row alone."""
+  posts nothing). The rows so gathered are acknowledged: they are taken
+  out of `posted` (their members post nothing). A real round book posts
+  its own row alone."""
   chief_relay = books[0].membership.relay
   by_host = {}
   for j in sorted(members):
@@ -167,10 +169,13 @@ def _gather_arrivals(posted, round_, members, hosts, books, files, writers):
             relay = host_relay.HostRelay(hosts, j, files)
             relay.bind(chief_relay.token)
             writers[j] = host_arrivals.HostArrivals(relay)
-          writers[j].write(round_, posted[j])
+          writers[j].write(round_, posted.pop(j))
     elif mates[0] in posted and mates[0] not in books:
+      gathered = [j for j in mates if j in posted]
       posted[mates[0]] = host_arrivals.gathered_text(
-          {j: posted[j] for j in mates if j in posted})
+          {j: posted[j] for j in gathered})
+      for j in gathered[1:]:
+        del posted[j]
 
 
 def _row(rate, round_, steps, loss):

@@ -321,9 +321,10 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
                                          1.0 / (1.0 + 0.01 * r)))
     if arrivals is not None and r == 1:  # the job's token, once
       relay.bind(store.get(f"{membership.PREFIX}job", 60.0))
-    if member and arrivals is not None:
-      row = arrivals.arrival_text(r, row, sorted(members))
-    if member:
+    if member and arrivals is not None:  # acknowledged rows: no post
+      arrivals.post(store, f"{membership.PREFIX}a/{r}/{me}", r, row,
+                    sorted(members))
+    elif member:
       store.set(f"{membership.PREFIX}a/{r}/{me}", row)
     else:  # dropped last round (late): asks to rejoin, as a worker does
       kv_store.put(store, f"{membership.PREFIX}j/{me}", row)

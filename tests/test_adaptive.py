@@ -178,6 +178,10 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
   # from its own key, so not every round).
   assert [o["relay"]["gathered"] >= 1 for o in outs[::2]] == [True] * 2, [
       o["relay"] for o in outs]
+  # ... and each host's second worker, its row acknowledged, posted none
+  # in such a round (the chief acknowledges its own host's).
+  assert [o["relay"]["saved"] >= 1 for o in outs[1::2]] == [True] * 2, [
+      o["relay"] for o in outs]
   proj = [{r["step"]: r["proj"] for r in o["records"]} for o in outs]
   kinds = set()
   for k, r in enumerate(outs[0]["rounds"][PROBE_ROUNDS:], PROBE_ROUNDS):

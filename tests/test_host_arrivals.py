@@ -1,8 +1,9 @@
 """Each host's leader gathers its host's rows through files and posts them
-under its own arrival key, so the chief reads one key per host
-(protocol/host_arrivals.py); nothing depends on the files: a leader that is
-gone, a row that came late and a host without a shared file system all end
-in the chief reading the member's own key, with the same decision.
+under its own arrival key, so the chief reads one key per host, and the
+members whose rows it acknowledged post none (protocol/host_arrivals.py);
+nothing depends on the files: a leader that is gone, a row that came late
+and a host without a shared file system all end in the member posting and
+the chief reading its own key, with the same decision.
 
 Workers are threads on an in-memory store; a "host's" file directory is a
 pytest tmp_path."""
@@ -20,18 +21,27 @@ HOSTS = ("10.0.0.1",) * 3 + ("10.0.0.2",) * 3 + ("10.0.0.3",) * 3
 
 
 class ArrivalReads(FakeStore):
-  """Whose arrival keys the chief asked for, by round (only the chief
-  reads them)."""
+  """Whose arrival keys the chief asked for (only the chief reads them) and
+  which were posted, by round; `on_post(worker)` after each post."""
 
-  def __init__(self):
+  def __init__(self, on_post=None):
     super().__init__()
     self.asked = {}  # round -> {worker whose key}
+    self.posted = {}  # round -> {worker whose key}
+    self.on_post = on_post or (lambda worker: None)
 
   def get(self, key, timeout_s):
     if key.startswith(f"{membership.PREFIX}a/"):
       _, round_, worker = key.rsplit("/", 2)
       self.asked.setdefault(int(round_), set()).add(int(worker))
     return super().get(key, timeout_s)
+
+  def set(self, key, value):
+    super().set(key, value)
+    if key.startswith(f"{membership.PREFIX}a/"):
+      _, round_, worker = key.rsplit("/", 2)
+      self.posted.setdefault(int(round_), set()).add(int(worker))
+      self.on_post(int(worker))
 
 
 def _row(worker, round_):
@@ -76,13 +86,19 @@ def test_the_chief_reads_one_key_per_other_host(tmp_path):
     # Host 1's leader is the chief (its mates' rows from files); hosts 2
     # and 3 are read through their leaders 3 and 6.
     assert sorted(store.asked[r]) == [3, 6], store.asked
+    # Only the leaders post (and the chief, its own row): the others'
+    # rows were acknowledged, in the store under their leader's key.
+    assert sorted(store.posted[r]) == [0, 3, 6], store.posted
     assert d.members == tuple(range(9)) and d.dropped == ()
     assert _rates(d) == [10.0 + j for j in range(9)]
+  assert sorted(store.posted[0]) == list(range(9))
   assert ws[0].arrivals.rows_gathered == 2 * 3  # workers 1 and 2, 3 rounds
   assert ws[3].arrivals.rows_gathered == ws[6].arrivals.rows_gathered == 6
+  assert [w.arrivals.posts_saved for w in ws] == [0, 3, 3, 0, 3, 3, 0, 3, 3]
   for w in ws:
     w.finish(3)
-  assert not [p for p in tmp_path.iterdir() if "-a-" in p.name]
+  assert not [p for p in tmp_path.iterdir()
+              if "-a-" in p.name or p.name.endswith("-k")]
 
 
 def test_a_gone_leaders_host_is_read_member_by_member(tmp_path):
@@ -102,6 +118,22 @@ def test_a_gone_leaders_host_is_read_member_by_member(tmp_path):
   assert d.members == (0, 1, 2, 4, 5, 6, 7, 8)
 
 
+def test_rows_acknowledged_by_a_leader_that_then_dies_are_kept(tmp_path):
+  gone = set()
+  store = ArrivalReads(on_post=lambda j: gone.add(j) if j == 3 else None)
+  ws = _job(store, [str(tmp_path)] * len(HOSTS), gone=gone)
+  _round(ws, 0)
+  gone.clear()
+  _round(ws, 1)
+  gone.clear()
+  # Host 2's leader dies right after its post: its rows are in the store,
+  # so workers 4 and 5, which posted nothing, are still in the round.
+  d = _round(ws, 2)
+  assert 3 in gone and sorted(store.posted[2]) == [0, 3, 6]
+  assert d.members == tuple(range(9)) and d.dropped == ()
+  assert _rates(d) == [10.0 + j for j in range(9)]
+
+
 def test_a_row_later_than_the_gathering_is_read_from_its_own_key(tmp_path):
   store = ArrivalReads()
   ws = _job(store, [str(tmp_path)] * len(HOSTS), straggler=10.0,
@@ -109,9 +141,12 @@ def test_a_row_later_than_the_gathering_is_read_from_its_own_key(tmp_path):
   _round(ws, 0)
   _round(ws, 1)
   # Worker 7 arrives well after its leader (6) stopped gathering.
+  saved = ws[7].arrivals.posts_saved
   d = _round(ws, 2, late=7, late_s=0.6)
   assert d.members == tuple(range(9)) and d.dropped == ()
   assert sorted(store.asked[2]) == [3, 6, 7]
+  # The acknowledgement it found did not name it: it posted its own.
+  assert 7 in store.posted[2] and ws[7].arrivals.posts_saved == saved
   assert _rates(d) == [10.0 + j for j in range(9)]
 
 
@@ -127,11 +162,50 @@ def test_without_a_shared_file_system_leaders_stop_looking(tmp_path):
     d = _round(ws, r)
     assert d.members == tuple(range(9))
     assert sorted(store.asked[r]) == list(range(1, 9))
+    assert sorted(store.posted[r]) == list(range(9))
   assert ws[0].arrivals.stopped and ws[3].arrivals.stopped
+  # Members found no acknowledgement either: they post without waiting.
+  assert not ws[1].arrivals.waits_for_acks
+  assert not ws[4].arrivals.waits_for_acks
   # Each member removes its own unread rows: two rounds at most are left.
   for j in (1, 4):
     left = [p.name for p in (tmp_path / str(j)).iterdir() if "-a-" in p.name]
     assert len(left) <= 2, left
+
+
+def test_a_leader_slower_than_the_wait_is_not_a_missing_file_system(
+    tmp_path):
+  store = ArrivalReads()
+  ws = _job(store, [str(tmp_path)] * len(HOSTS), straggler=2.0)
+  _round(ws, 0)
+  for r in range(1, 2 + host_arrivals.MISSES_TO_STOP):
+    # Host 2's leader arrives after its members stopped waiting for it:
+    # they post their own rows, and its acknowledgement comes late.
+    d = _round(ws, r, late=3, late_s=1.0)
+    assert d.members == tuple(range(9)) and d.dropped == ()
+    assert {4, 5} <= store.posted[r] and not {7, 8} & store.posted[r]
+  assert ws[4].arrivals.waits_for_acks and ws[4].arrivals.ack_misses == 0
+  assert ws[3].arrivals.rows_gathered > 0
+
+
+def test_a_chief_without_its_hosts_files_reads_the_other_hosts_rows(
+    tmp_path):
+  store = ArrivalReads()
+  (tmp_path / "shared").mkdir()
+  dirs = []
+  for j in range(len(HOSTS)):  # the chief's host shares no file system
+    if j < 3:
+      (tmp_path / str(j)).mkdir()
+    dirs.append(str(tmp_path / (str(j) if j < 3 else "shared")))
+  ws = _job(store, dirs, gather_s=0.05)
+  rounds = 2 + host_arrivals.MISSES_TO_STOP
+  for r in range(rounds):
+    d = _round(ws, r)
+    assert _rates(d) == [10.0 + j for j in range(9)]
+  assert ws[0].arrivals.stopped and not ws[3].arrivals.stopped
+  # Its own host's rows from their keys; the others' from their leaders'
+  # keys, which hold gathered rows.
+  assert sorted(store.asked[rounds - 1]) == [1, 2, 3, 6]
 
 
 def test_gathered_text_round_trip():

@@ -241,7 +241,8 @@ def _relay_counts(strategy):
   relay = membership.relay if membership is not None else None
   return None if relay is None else {
       "read": relay.files_read, "written": relay.files_written,
-      "gathered": membership.arrivals.rows_gathered}
+      "gathered": membership.arrivals.rows_gathered,
+      "saved": membership.arrivals.posts_saved}
 
 
 def sync_equivalence(params):

@@ -4,22 +4,26 @@ The chief reads every member's row from the store at each round end, one
 key at a time (TensorFlow's Python API has no directory read), and over
 the real coordination service each read costs the chief's process about
 0.3 ms of CPU: a third of a second a round at 1,024 workers
-(benchmarks/control_plane_tf.py). On a job of several hosts the members of
-a host share its file system, as for the decision (host_relay.py): each
-member writes its row to a file in shared memory as well, and the host's
-leader (host_relay's: the lowest-numbered member on it in the last
-decision) posts under its own arrival key the rows of the host it found,
-its own among them. The chief reads one key per host, and a member's own
-key only when its row was not in its leader's.
+(benchmarks/control_plane_tf.py). Every post is an RPC its process serves
+too. On a job of several hosts the members of a host share its file
+system, as for the decision (host_relay.py): each member writes its row to
+a file in shared memory, and the host's leader (host_relay's: the
+lowest-numbered member on it in the last decision) posts under its own
+arrival key the rows of the host it found, its own among them, then
+acknowledges them in a file. A member whose row was acknowledged posts
+nothing: its row is in the store already. The chief reads one key per
+host, and a member's own key only when its row was not in its leader's.
 
-Nothing depends on the files. Every member still posts its own row to the
-store; the leader's key holds its own row whatever else it holds, so the
-chief waits for it as it would for the leader's row alone; a row a leader
-did not gather in time (GATHER_S after its own arrival), or that a leader
-who died or stalled never posted, is read from its member's key. A leader
-that found none of its host's files MISSES_TO_STOP rounds in a row (no
-shared file system) stops looking. The files carry the job's incarnation
-(host_relay's token), and a leader removes those it read.
+Nothing depends on the files. A member whose row no acknowledgement names
+within ACK_WAIT_S (a leader gone, stalled or later than that, a row that
+came after the gathering: GATHER_S after the leader's arrival) posts its
+own key, which the chief reads. The leader acknowledges only after its
+post returned, and the chief its own host's rows once it holds them. A
+worker that found none of its host's files (a leader: rows; a member:
+acknowledgements) MISSES_TO_STOP rounds in a row (no shared file system)
+stops using them. The files carry the job's incarnation (host_relay's
+token); a leader removes the rows it read, and its acknowledgements two
+rounds on or at the end.
 No TensorFlow.
 """
 
@@ -33,6 +37,7 @@ from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 
 GATHER_S = 0.3   # how long a leader waits for its host's rows
+ACK_WAIT_S = 1.0  # how long a member waits for its leader's acknowledgement
 MISSES_TO_STOP = 3
 _GATHERED = "g:"  # a gathered text starts so; a row's (base64) never does
 
@@ -57,14 +62,27 @@ def rows_of(text, sender):
 class HostArrivals:
   """One worker's side of its host's arrival gathering."""
 
-  def __init__(self, relay, gather_s=GATHER_S):
+  def __init__(self, relay, gather_s=GATHER_S, ack_wait_s=ACK_WAIT_S):
     """`relay`: the worker's host_relay.HostRelay (hosts, the job's token,
     the directory, who leads)."""
     self.relay = relay
     self.gather_s = gather_s
+    self.ack_wait_s = ack_wait_s
     self.misses = 0
-    self.stopped = False
+    self.stopped = False  # as a leader: no file of its host found
     self.rows_gathered = 0  # for tests and logs
+    # As a member: acknowledgements that never came (not even late), and
+    # the round whose acknowledgement is still to be looked for.
+    self.ack_misses = 0
+    self.waits_for_acks = True
+    self._unacknowledged = None
+    self.posts_saved = 0  # rounds a member posted nothing (acknowledged)
+
+  @classmethod
+  def for_member(cls, relay, straggler_timeout):
+    """A member's: one not acknowledged posts its own row well within the
+    chief's wait (`straggler_timeout`)."""
+    return cls(relay, ack_wait_s=min(ACK_WAIT_S, straggler_timeout / 4))
 
   def active(self, round_):
     """Whether files are used in `round_`: the job's token is known (from
@@ -76,20 +94,71 @@ class HostArrivals:
   def _path(self, round_, worker):
     return f"{self.relay.path(round_)}-a-{worker}"
 
+  def _ack_path(self, round_):
+    return f"{self.relay.path(round_)}-k"
+
   def write(self, round_, text):
-    """A member that does not lead: its row of `round_` for its leader."""
+    """A member that does not lead: its row of `round_` for its leader;
+    whether it was written."""
     if not self.active(round_):
-      return
+      return False
     path = self._path(round_, self.relay.me)
-    try:
-      with open(f"{path}.tmp", "w", encoding="ascii") as f:
-        f.write(text)
-      os.replace(f"{path}.tmp", path)
-    except OSError:
-      pass  # the chief reads the member's key
+    written = _write_atomically(path, text)
     # Its row of two rounds back if no leader took it (none, or no shared
     # file system): nothing is left behind.
     host_relay.remove_file(self._path(round_ - 2, self.relay.me))
+    return written
+
+  def acknowledge(self, round_, workers):
+    """A leader, its gathered rows in the store (or the chief, holding its
+    host's): tells `workers` they need not post theirs. Written also when
+    it names none, so that late members post at once."""
+    if self.active(round_):
+      _write_atomically(self._ack_path(round_),
+                        ",".join(str(j) for j in sorted(workers)))
+      host_relay.remove_file(self._ack_path(round_ - 2))
+
+  def acknowledged(self, round_):
+    """A member that wrote its row: whether its leader acknowledged it
+    within `ack_wait_s` (False at once if an acknowledgement without it
+    came)."""
+    if not self.waits_for_acks:
+      return False
+    path, me = self._ack_path(round_), str(self.relay.me)
+    deadline = time.monotonic() + self.ack_wait_s
+    pause = host_relay.FILE_POLL_S[0]
+    while True:
+      try:
+        with open(path, encoding="ascii") as f:
+          names = f.read().split(",")
+        self.ack_misses = 0
+        return me in names
+      except FileNotFoundError:
+        pass
+      if time.monotonic() >= deadline:
+        self._unacknowledged = round_
+        return False
+      time.sleep(pause)
+      pause = min(host_relay.FILE_POLL_S[1], pause * 1.5)
+
+  def _look_back(self):
+    """A member, before it writes its row: whether the acknowledgement it
+    did not wait long enough for came at all (its leader removes it two
+    rounds on). Only none at all MISSES_TO_STOP rounds in a row (no shared
+    file system) stops the waiting; a leader slower than `ack_wait_s` is
+    not that."""
+    if self._unacknowledged is None:
+      return
+    came = os.path.exists(self._ack_path(self._unacknowledged))
+    self._unacknowledged = None
+    self.ack_misses = 0 if came else self.ack_misses + 1
+    if self.ack_misses >= MISSES_TO_STOP:
+      self.waits_for_acks = False
+      logging.warning(
+          "oscars_tf: worker %d found no acknowledgement of its row from its "
+          "host's leader in %d rounds in a row; it posts its row to the "
+          "store without waiting (do the host's workers share %s?).",
+          self.relay.me, self.ack_misses, self.relay.directory)
 
   def mates(self, members):
     """The members on this worker's host, other than itself."""
@@ -125,18 +194,22 @@ class HostArrivals:
     self._count(len(rows))
     return rows
 
-  def arrival_text(self, round_, text, members):
-    """What a worker other than the chief posts as its arrival (`text`,
-    its row): its row, after writing it to its file; a leader the rows it
-    gathered with its own."""
-    if not self.relay.leads(members):
-      self.write(round_, text)
-      return text
-    rows = self.gather(round_, members)
-    if not rows:
-      return text
-    rows[self.relay.me] = text
-    return gathered_text(rows)
+  def post(self, store, key, round_, text, members):
+    """A worker other than the chief arrives in `round_` with `text` (its
+    row) under `key`: a leader posts the rows it gathered with its own and
+    acknowledges them; a member writes its row for its leader and posts it
+    only if no acknowledgement names it."""
+    if self.relay.leads(members):
+      rows = self.gather(round_, members)
+      store.set(key, gathered_text({**rows, self.relay.me: text})
+                if rows else text)
+      self.acknowledge(round_, rows)
+      return
+    self._look_back()
+    if self.write(round_, text) and self.acknowledged(round_):
+      self.posts_saved += 1
+    else:
+      store.set(key, text)
 
   def read_leaders(self, store, prefix, round_, others, members, rows,
                    deadline, is_gone):
@@ -144,10 +217,12 @@ class HostArrivals:
     from its leader's key (`prefix` + worker) into `rows`; returns the
     leaders asked (a leader not there by `deadline`, or whose process is
     gone, is left out: its host's others are then read one by one)."""
-    if not self.active(round_):
+    if self.relay.token is None or round_ == 0:  # no one gathers yet
       return []
     hosts, is_member = self.relay.hosts, set(members)
-    rows.update(self.gather(round_, members))
+    mine = self.gather(round_, members)
+    rows.update(mine)
+    self.acknowledge(round_, mine)
     leaders = {}
     for j in others:
       if hosts[j] != hosts[self.relay.me]:
@@ -163,6 +238,11 @@ class HostArrivals:
                                        hosts[j] == hosts[leader]))
     return first
 
+  def finish(self, round_):
+    """A leader at the end: its last acknowledgements (read already)."""
+    for r in (round_ - 1, round_):
+      host_relay.remove_file(self._ack_path(r))
+
   def _count(self, found):
     self.rows_gathered += found
     self.misses = 0 if found else self.misses + 1
@@ -173,3 +253,13 @@ class HostArrivals:
           "%d rounds in a row; the chief reads every row from the store "
           "(do the host's workers share %s?).", self.relay.me, self.misses,
           self.relay.directory)
+
+
+def _write_atomically(path, text):
+  try:
+    with open(f"{path}.tmp", "w", encoding="ascii") as f:
+      f.write(text)
+    os.replace(f"{path}.tmp", path)
+    return True
+  except OSError:
+    return False  # the member's own key is read instead

@@ -1,12 +1,12 @@
 """Who takes part in each round, agreed through a key-value store.
 
 At every round end each worker writes its table row to the store (on a job
-of several hosts each host's leader also posts the rows of the host it
-gathered through files, so that the chief reads one key a host:
-host_arrivals.py). The chief waits for the members' rows, up to
-`straggler_timeout` seconds after its own arrival; a member that is not
-there by then (stopped, cut off, dead) is
-dropped from the round, and one whose process is gone (its server refuses
+of several hosts each host's leader posts the rows of the host it gathered
+through files, and the members whose rows it holds post none, so that the
+chief reads one key a host: host_arrivals.py). The chief waits for the
+members' rows, up to `straggler_timeout` seconds after its own arrival; a
+member that is not there by then (stopped, cut off, dead) is dropped from
+the round, and one whose process is gone (its server refuses
 connections) is dropped as soon as the chief sees that. The chief writes
 one *decision* per round — the members, the newcomers and every row — and
 every member reads it (as the changes to the last round's table,
@@ -78,8 +78,8 @@ class Membership:
     self.bytes_per_member = bytes_per_member
     self.relay = relay if distribution == "deltas" else None
     # The host's rows gathered by its leader (host_arrivals.py).
-    self.arrivals = (host_arrivals.HostArrivals(self.relay)
-                     if self.relay is not None else None)
+    self.arrivals = (host_arrivals.HostArrivals.for_member(
+        self.relay, straggler_timeout) if self.relay is not None else None)
     self._snapshot = table_deltas.empty(num_workers)  # "deltas" only
     self._snapshot_round = -1
     self._pending = table_deltas.pending_changes(num_workers)  # the chief's
@@ -121,17 +121,18 @@ class Membership:
     travel ("deltas").
     """
     self._expected_steps = expected_steps
-    text = _dump(row)
+    key = f"{PREFIX}a/{round_}/{self.me}"
     if self.arrivals is not None and self.me != 0:  # the chief reads files
-      text = self.arrivals.arrival_text(round_, text, self.members)
-    self.store.set(f"{PREFIX}a/{round_}/{self.me}", text)
+      self.arrivals.post(self.store, key, round_, _dump(row), self.members)
+    else:
+      self.store.set(key, _dump(row))
     if self.me == 0:
       decision = self._decide(round_, row, epoch_done, chief_plan,
                               expected_s)
     else:
       decision = self._await(round_, self._timeout(round_))
     if self.me not in decision.members:
-      self.store.delete(f"{PREFIX}a/{round_}/{self.me}")  # never read
+      self.store.delete(key)  # never read (if posted)
       decision = self._rejoin(round_, [rate_before, *row[1:]])
     self.members = decision.members
     return decision
@@ -143,6 +144,8 @@ class Membership:
       _put(self.store, f"{PREFIX}finished", str(round_))
     if self.relay is not None and self.relay.leads(self.members):
       self.relay.remove_files(round_)
+      if self.arrivals is not None:
+        self.arrivals.finish(round_)
 
   def say_done(self):
     """A worker other than the chief, at its exit: the chief may go."""
@@ -337,7 +340,9 @@ class Membership:
     texts = kv_store.values_unless_gone(
         self.store, [f"{PREFIX}a/{round_}/{j}" for j in rest], deadline,
         lambda i: self.is_gone(rest[i]))
-    rows.update((j, t) for j, t in zip(rest, texts) if t is not None)
+    # (A member that took itself for its host's leader posted many rows.)
+    rows.update((j, host_arrivals.rows_of(t, j)[j])
+                for j, t in zip(rest, texts) if t is not None)
 
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = {0: _dump(my_row)}  # store texts, decoded at once
