@@ -294,6 +294,19 @@ def measure(n, rng):
     light_cpu = time.thread_time() - t0
     for j in readers[1:]:
       store.get(decision_key, 1.0)
+    # The light clients' RPCs while they wait for the decision (SIMULATED
+    # waits: from their arrival to the round's latest): a reader's long
+    # poll times out and asks again, a relay member checks `latest`.
+    arrival = {j: plan.local_steps[j] / rates[j] for j in decision.members
+               if j not in decision.newcomers and j not in books}
+    last = max(arrival.values(), default=0.0)
+    direct = set(readers)
+    store.ops += sum(
+        2 * control_plane_summary.polls_while_waiting(
+            last - t, membership.POLL_S, membership.LONG_POLL_S)
+        if j in direct else control_plane_summary.polls_while_waiting(
+            last - t, host_relay.POLL_S, host_relay.POLL_MAX_S)
+        for j, t in arrival.items())
     for j in decision.newcomers:
       if deltas and j not in books:
         store.get(whole_key, 1.0)

@@ -61,6 +61,20 @@ def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
   return sum(values) / len(values) / bound, max(values) / bound
 
 
+def polls_while_waiting(wait_s, first_s, longest_s):
+  """How often a reader that waits `wait_s` for the round's decision asks
+  the store again: first after `first_s`, then at doubling intervals up to
+  `longest_s` (membership.py's long poll: first_s=POLL_S,
+  longest_s=LONG_POLL_S, a get and a `latest` check each time; a host
+  relay member's check of `latest`: host_relay.POLL_S and POLL_MAX_S)."""
+  count, at, every = 0, first_s, first_s
+  while at < wait_s:
+    count += 1
+    every = min(2 * every, longest_s)
+    at += every
+  return count
+
+
 def summarize(n, every_round):
   """Medians and maxima over the rounds from 2 on; round 0 and the rounds
   until every member's rate is known (no member imputed) apart."""

@@ -30,8 +30,10 @@ membership.connection_refused).
 
 `--workers_per_host=K` puts the workers on logical hosts of K: each
 host's leader posts the host's rows, gathered through files, under its own
-arrival key and the chief reads one key a host (protocol/host_arrivals.py,
-the real code on both sides).
+arrival key and the chief reads one key a host, the members it
+acknowledged post nothing (protocol/host_arrivals.py), and the leader
+reads the round's changes and passes them to the host's others in a file
+(protocol/host_relay.py): the real code on both sides.
 
 Per N: the chief's round CPU time (`time.process_time`: all its threads,
 the `--concurrent_reads` readers and the service it hosts among them;
@@ -120,6 +122,12 @@ def measure(n, log):
   return summarize(n, workers, workers[0]["t0"] - t0, pids)
 
 
+def _median_count(clients, measured, flag):
+  return statistics.median(
+      sum(bool(t["rounds"].get(str(r), {}).get(flag)) for t in clients)
+      for r in measured)
+
+
 def summarize(n, tasks, start_s, pids):
   """Medians over the measured rounds (warm-up and death round out);
   `tasks`: each logical worker's measurements, the chief's first."""
@@ -168,6 +176,10 @@ def summarize(n, tasks, start_s, pids):
       "client_decode_ms": statistics.median(
           v["decode_ms"] for t in clients for r, v in t["rounds"].items()
           if int(r) in measured),
+      # Rows posted and decisions read from a host's file (the rest from
+      # the service), by the light clients, a round.
+      "client_posts": _median_count(clients, measured, "posted"),
+      "client_file_reads": _median_count(clients, measured, "from_file"),
       "kv_ops": statistics.median(ops), "kv_ops_max": max(ops),
       "bytes_out_of_chief_mb": statistics.median(out_bytes) / 1e6,
       "client_rss_mb": statistics.median(t["rss_mb"] for t in clients),

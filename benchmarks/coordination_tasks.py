@@ -57,8 +57,8 @@ flags.DEFINE_integer("workers_per_host", 0, "Logical workers per logical "
                      "host (0: one host, as on this machine): each host's "
                      "leader gathers its host's rows through files and the "
                      "chief reads one key a host (protocol/host_arrivals.py"
-                     "; the decision is still read from the service by "
-                     "every client).")
+                     "); the leader passes the decision on in a file "
+                     "(protocol/host_relay.py).")
 flags.DEFINE_integer("workers_total", 0, "Internal: N, the logical workers "
                      "of the tasks' cluster (set in the tasks).")
 FLAGS = flags.FLAGS
@@ -302,13 +302,30 @@ def _relay(me, n):
   return host_relay.HostRelay(hosts, me, FLAGS.task_out)
 
 
+def _decision_text(store, relay, round_, member, members):
+  """Round `round_`'s changes as a member reads them: with
+  --workers_per_host through its host's leader's file (host_relay.py;
+  the leader reads the service's and writes it), else from the
+  service."""
+  if relay is not None and member and not relay.leads(members):
+    text = relay.wait(round_, time.monotonic() + 60.0, lambda: int(
+        store.get(f"{membership.PREFIX}latest", 1.0)) >= round_)
+    if text is not None:
+      return text, True
+  text = store.get(f"{membership.PREFIX}d/{round_}", 60.0)
+  if relay is not None and member and relay.leads(members):
+    relay.write(round_, text)
+  return text, False
+
+
 def _client_rounds(store, me, n, rate, t0, dies, result):
   """A light client: its row posted (a host's leader: the host's rows,
   with --workers_per_host), the decision read, nothing planned."""
   deltas = FLAGS.distribution == "deltas"
   member = True
   relay = _relay(me, n)
-  arrivals = host_arrivals.HostArrivals(relay) if relay else None
+  arrivals = (host_arrivals.HostArrivals.for_member(relay, STRAGGLER_S)
+              if relay else None)
   members = set(range(n))  # as the last decision's changes say
   for r in range(FLAGS.rounds):
     if dies and r == FLAGS.death_round:
@@ -321,6 +338,7 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
                                          1.0 / (1.0 + 0.01 * r)))
     if arrivals is not None and r == 1:  # the job's token, once
       relay.bind(store.get(f"{membership.PREFIX}job", 60.0))
+    saved = arrivals.posts_saved if arrivals is not None else 0
     if member and arrivals is not None:  # acknowledged rows: no post
       arrivals.post(store, f"{membership.PREFIX}a/{r}/{me}", r, row,
                     sorted(members))
@@ -330,7 +348,8 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
       kv_store.put(store, f"{membership.PREFIX}j/{me}", row)
     _sleep_until(t0 + (r + FLAGS.read_at) * FLAGS.slot_s)
     read_at = time.time()
-    text = store.get(f"{membership.PREFIX}d/{r}", 60.0)
+    text, from_file = _decision_text(store, relay, r, member, members)
+    posted = arrivals is None or arrivals.posts_saved == saved
     cpu0 = time.thread_time()
     if deltas:
       changes = table_deltas.Changes(text)
@@ -342,7 +361,8 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
     else:
       member = me in membership.Decision.decode(text).members
     result["rounds"][r] = {"read_at": read_at,
-                           "decode_ms": 1e3 * (time.thread_time() - cpu0)}
+                           "decode_ms": 1e3 * (time.thread_time() - cpu0),
+                           "posted": posted, "from_file": from_file}
   store.round = -1
   # As a member says it at its exit: the chief, which hosts the store,
   # may go.

@@ -74,3 +74,28 @@ def test_light_clients_as_threads_count_as_workers_and_die_with_their_process(
   assert 0 < per_read < 9 * 13, r
   assert r["chief_slot_cpu_ms"] >= r["chief_cpu_ms"] > 0, r
   assert not [p for p in r["pids"] if _alive(p)], r["pids"]
+
+
+def test_hosts_post_their_rows_once_and_pass_the_decision_on_in_files(
+    tmp_path):
+  """Nine logical workers on three logical hosts of three: each host's
+  leader posts its host's rows and reads the decision; the members it
+  acknowledged post nothing and read the decision from its file
+  (protocol/host_arrivals.py, host_relay.py); the last process's exit,
+  a whole host and one more, ends nothing but those clients."""
+  out = tmp_path / "cp_tf.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "control_plane_tf.py"),
+       "--clients=9", "--clients_per_process=4", "--workers_per_host=3",
+       "--rounds=6", "--warmup=2", "--slot_s=2", "--death_round=4",
+       f"--log={tmp_path / 'tasks.log'}", f"--result_json={out}"],
+      capture_output=True, text=True, timeout=170, cwd=ROOT,
+      env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  [r] = json.loads(out.read_text())["results"]
+  assert r["workers"] == 9 and r["dropped"] == 4, r
+  # 8 light clients, 6 of them before the death and 3 after it not their
+  # host's leader: without the files all 8 (then 4) post and read.
+  assert r["client_posts"] < 4 and r["client_file_reads"] >= 1, r
+  assert r["kv_ops_max"] < 2 * 8 + 8, r
+  assert not [p for p in r["pids"] if _alive(p)], r["pids"]

@@ -8,6 +8,7 @@ pytest tmp_path (two "hosts" may share one, as on one machine)."""
 
 import math
 import os
+import time
 
 from fake_store import FakeStore, run_threads
 
@@ -109,6 +110,24 @@ def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
   last = host_relay.MISSES_TO_STOP + 1
   assert {w for w, k in store.changes_read
           if k == f"{membership.PREFIX}d/{last}"} == {1, 2, 3}
+
+
+def test_a_member_asks_the_store_late_and_ever_less_often(tmp_path):
+  relay = host_relay.HostRelay(HOSTS, 1, str(tmp_path))
+  relay.bind("job")
+  asked = []
+  # The file is there: the store is never asked.
+  leader = host_relay.HostRelay(HOSTS, 0, str(tmp_path))
+  leader.bind("job")
+  leader.write(1, "changes")
+  assert relay.wait(1, time.monotonic() + 5, lambda: asked.append(1)) == (
+      "changes")
+  assert not asked
+  # No file and no decision for 2.5 s: asked at 0.5 and 1.5 s only (once
+  # every POLL_S, as before: 5 times, each an RPC of the chief's process).
+  assert relay.wait(2, time.monotonic() + 2.5,
+                    lambda: asked.append(1)) is None
+  assert 1 <= len(asked) <= 2, asked
 
 
 def test_a_file_of_an_earlier_job_is_never_read(tmp_path):

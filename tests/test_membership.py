@@ -122,6 +122,23 @@ def test_a_worker_waits_for_a_missing_chief_only_until_the_timeout():
   assert time.monotonic() - start < 3
 
 
+def test_a_long_wait_for_the_decision_costs_few_requests():
+  class DecisionGets(FakeStore):
+    gets = 0
+
+    def get(self, key, timeout_s):
+      if key.startswith(f"{membership.PREFIX}d/"):
+        self.gets += 1
+      return super().get(key, timeout_s)
+  store = DecisionGets()
+  ws = _workers(store, 2, decision=3.4)
+  with pytest.raises(PeerTimeoutError):
+    ws[1].exchange(3, _row(1))
+  # Long polls of 0.5, 1 and 2 s (not one every 0.5 s: 7): each request
+  # is one the chief's process serves.
+  assert store.gets <= 3, store.gets
+
+
 def test_a_dropped_worker_stops_waiting_when_training_ended():
   store = FakeStore()
   ws = _workers(store, 2, straggler=0.2)

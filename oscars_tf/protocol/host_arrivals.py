@@ -68,12 +68,16 @@ class HostArrivals:
     self.relay = relay
     self.gather_s = gather_s
     self.ack_wait_s = ack_wait_s
-    self.misses = 0
-    self.stopped = False  # as a leader: no file of its host found
+    # As a leader: rounds in a row without any of its host's rows.
+    self.misses = _RoundsWithout("arrival file of its host",
+                                 "the chief reads every row from the store")
+    self.stopped = False
     self.rows_gathered = 0  # for tests and logs
     # As a member: acknowledgements that never came (not even late), and
     # the round whose acknowledgement is still to be looked for.
-    self.ack_misses = 0
+    self.ack_misses = _RoundsWithout(
+        "acknowledgement of its row from its host's leader",
+        "it posts its row to the store without waiting")
     self.waits_for_acks = True
     self._unacknowledged = None
     self.posts_saved = 0  # rounds a member posted nothing (acknowledged)
@@ -131,7 +135,7 @@ class HostArrivals:
       try:
         with open(path, encoding="ascii") as f:
           names = f.read().split(",")
-        self.ack_misses = 0
+        self.ack_misses.tally(True, self.relay)
         return me in names
       except FileNotFoundError:
         pass
@@ -151,14 +155,8 @@ class HostArrivals:
       return
     came = os.path.exists(self._ack_path(self._unacknowledged))
     self._unacknowledged = None
-    self.ack_misses = 0 if came else self.ack_misses + 1
-    if self.ack_misses >= MISSES_TO_STOP:
+    if self.ack_misses.tally(came, self.relay):
       self.waits_for_acks = False
-      logging.warning(
-          "oscars_tf: worker %d found no acknowledgement of its row from its "
-          "host's leader in %d rounds in a row; it posts its row to the "
-          "store without waiting (do the host's workers share %s?).",
-          self.relay.me, self.ack_misses, self.relay.directory)
 
   def mates(self, members):
     """The members on this worker's host, other than itself."""
@@ -245,14 +243,29 @@ class HostArrivals:
 
   def _count(self, found):
     self.rows_gathered += found
-    self.misses = 0 if found else self.misses + 1
-    if self.misses >= MISSES_TO_STOP:
+    if self.misses.tally(found, self.relay):
       self.stopped = True
-      logging.warning(
-          "oscars_tf: worker %d found none of its host's arrival files in "
-          "%d rounds in a row; the chief reads every row from the store "
-          "(do the host's workers share %s?).", self.relay.me, self.misses,
-          self.relay.directory)
+
+
+class _RoundsWithout:
+  """Rounds in a row in which a worker found none of the files it looks
+  for; MISSES_TO_STOP of them mean its host's workers share no file
+  system."""
+
+  def __init__(self, what, instead):
+    self.count = 0
+    self.what, self.instead = what, instead
+
+  def tally(self, found, relay):
+    """Counts a round; whether to stop looking (said once, with why)."""
+    self.count = 0 if found else self.count + 1
+    if self.count != MISSES_TO_STOP:
+      return False
+    logging.warning(
+        "oscars_tf: worker %d found no %s in %d rounds in a row; %s (do the "
+        "host's workers share %s?).", relay.me, self.what, self.count,
+        self.instead, relay.directory)
+    return True
 
 
 def _write_atomically(path, text):

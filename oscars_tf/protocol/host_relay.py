@@ -11,7 +11,8 @@ the host's other members read the file: bytes out of the chief divided by
 the workers per host (8 a host: 17 MB for that first table).
 
 A member never depends on the file: once the decision is out (the store's
-`latest` round, checked every POLL_S) and no file has come within GRACE_S,
+`latest` round, checked POLL_S after its arrival, then at doubling
+intervals up to POLL_MAX_S) and no file has come within GRACE_S,
 it reads the decision from the chief, as without a relay (a leader that
 died or stalled, a host whose workers do not share a file system). After
 MISSES_TO_STOP such rounds in a row it stops waiting for files. What it
@@ -35,7 +36,8 @@ from absl import logging
 # A member looks for the round's file after 1 ms, then ever less often, up
 # to every 10 ms: a round's wait for stragglers can take seconds.
 FILE_POLL_S = (0.001, 0.01)
-POLL_S = 0.5         # how often it asks the store whether the round is out
+POLL_S = 0.5         # when it first asks the store whether the round is out
+POLL_MAX_S = 2.0     # and then at doubling intervals up to this
 GRACE_S = 0.3        # how long after that it waits for the file
 MISSES_TO_STOP = 3
 KEEP_ROUNDS = 2      # a leader deletes older files
@@ -119,7 +121,11 @@ class HostRelay:
     if self.stopped or self.token is None:
       return None
     path = self.path(round_)
-    out_since, asked, pause = None, -POLL_S, FILE_POLL_S[0]
+    # The file usually comes first: the store is asked only after POLL_S,
+    # so a member that waits for the decision less than that costs the
+    # chief's process no RPC, and one that waits long a few.
+    out_since, asked, every = None, time.monotonic(), POLL_S
+    pause = FILE_POLL_S[0]
     while time.monotonic() < deadline:
       try:
         with open(path, encoding="ascii") as f:
@@ -130,8 +136,8 @@ class HostRelay:
       except FileNotFoundError:
         pass
       now = time.monotonic()
-      if out_since is None and now - asked >= POLL_S:
-        asked = now
+      if out_since is None and now - asked >= every:
+        asked, every = now, min(2 * every, POLL_MAX_S)
         if published():
           out_since = now
       if out_since is not None and now - out_since >= self.grace_s:

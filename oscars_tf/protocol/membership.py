@@ -43,6 +43,7 @@ from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
+LONG_POLL_S = 4.0  # a member's wait for the decision: at most this per RPC
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 KEEP_SNAPSHOTS = 4  # whole snapshots kept ("deltas" distribution)
 DISTRIBUTIONS = ("deltas", "full")
@@ -172,15 +173,16 @@ class Membership:
     text = self._from_host(round_, deadline)
     if text is not None:
       return self._read_decision(round_, text)
+    poll = POLL_S  # doubled each time: a long wait costs O(log) RPCs
     while True:
       try:
         text = self.store.get(f"{PREFIX}d/{round_}",
-                              min(POLL_S, _left(deadline)))
+                              min(poll, _left(deadline)))
         if self.relay is not None and self.relay.leads(self.members):
           self.relay.write(round_, text)
         return self._read_decision(round_, text)
       except KeyMissing:
-        pass
+        poll = min(2 * poll, LONG_POLL_S)
       # Back from a stall so long that the decision was deleted: dropped.
       if _int_or(self._try_get(f"{PREFIX}latest"), -1) > round_:
         return Decision(round_, (), (), (self.me,), (None,) * self.n)
