@@ -4,6 +4,7 @@ medians over a run's rounds. No TensorFlow."""
 import statistics
 
 from oscars_tf.policy import plan_changes
+from oscars_tf.policy import shard_layout
 
 
 def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
@@ -23,22 +24,22 @@ def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
   by_host = {}
   for j in members:
     by_host.setdefault(hosts[j], []).append(j)
-  layout = (plan_changes.shard_layout(hosts, members, max_leaders)
-             if shard and plan.global_sync and len(by_host) > 1 else None)
-  if layout is not None:  # hosts of one size: runtime/sharded_sync.py
+  layout = (shard_layout.shard_layout(hosts, members, max_leaders)
+            if shard and plan.global_sync and len(by_host) > 1 else None)
+  if layout is not None:  # runtime/sharded_sync.py
     several = len(layout.racks) > 1
-    shards = layout.shards
     for j in members:
-      place, rack, leads, size = layout.place(j)
-      # the all-to-all into the host, the gather back: (L-1)/S each
-      sent[j] += 2 * (size - 1) / shards
-      if place < shards:  # its shard's rack ring
-        g = len(layout.ring(rack, place))
-        sent[j] += ring(g) / shards
+      place, rack, leads, h = layout.place(j)
+      # the all-to-all into the host, the gather back: (L-1)/pieces each
+      sent[j] += 2 * (len(layout.hosts[h]) - 1) / layout.pieces[h]
+      for s in layout.segments_of(h, place):  # each segment's rack ring
+        width = (layout.cuts[s + 1] - layout.cuts[s]) / layout.denominator
+        g = len(layout.ring(rack, s))
+        sent[j] += ring(g) * width
         if several:  # the racks' ring, the broadcast back down the rack
-          sent[j] += (g - 1) / g / shards  # (a tree: on average)
+          sent[j] += (g - 1) / g * width  # (a tree: on average)
           if leads:
-            sent[j] += ring(len(layout.racks)) / shards
+            sent[j] += ring(len(layout.racks)) * width
   elif plan.global_sync and len(by_host) > 1:
     leaders = sorted(g[0] for g in by_host.values())
     racks = plan_changes.racks_of(leaders, max_leaders)

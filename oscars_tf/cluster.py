@@ -6,6 +6,7 @@ instead of a hang or a traceback from inside TensorFlow's runtime.
 
 Workers are the tasks of the `chief` and `worker` jobs, chief first (the same
 numbering as `MultiWorkerMirroredStrategy`); worker 0 is the chief.
+`connection_refused` tells whether a worker's process is gone.
 """
 
 import dataclasses
@@ -279,3 +280,18 @@ def check_port_free(info: ClusterInfo) -> None:
             f"port {port} of this task ({info.task_type}:{info.task_id} at "
             f"{info.address}) is already in use ({e.strerror}); pick a free "
             "port or stop the process holding it.") from None
+
+
+def connection_refused(address, timeout_s=0.5):
+  """Whether nothing listens at `address` ("host:port") any more: the
+  process behind it is gone. A stopped process still accepts connections
+  (the kernel does), and an unreachable host is not "refused": both are
+  left to the straggler timeout."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout_s):
+      return False
+  except ConnectionRefusedError:
+    return True
+  except (OSError, ValueError):
+    return False

@@ -3,32 +3,16 @@
 A schedule turns the step-rate table into the plan of the next round (see
 planner.py). The strategy keeps the counters and runs the collectives; a
 schedule only does arithmetic, so it is testable without a cluster and gives
-the same answer on every worker. Period rules are small objects with state
-passed in and out, composed into `Adaptive`.
+the same answer on every worker. Period rules (policy/period_rules.py) are
+small objects with state passed in and out, composed into `Adaptive`.
 """
 
-import dataclasses
 import hashlib
 import json
-import math
 import warnings
 
+from oscars_tf.policy import period_rules
 from oscars_tf.policy import planner
-
-
-def _positive_int(name, value, owner):
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{owner}: `{name}` must be a positive int, got "
-                     f"{value!r}.")
-  return value
-
-
-def _positive_float(name, value, owner):
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
-      not math.isfinite(value) or value <= 0):
-    raise ValueError(f"{owner}: `{name}` must be a finite number > 0, got "
-                     f"{value!r}.")
-  return float(value)
 
 
 class Schedule:
@@ -71,7 +55,7 @@ class Fixed(Schedule):
   """
 
   def __init__(self, every: int = 8, warmup_steps: int = 0):
-    self.every = _positive_int("every", every, "Fixed")
+    self.every = period_rules.positive_int("every", every, "Fixed")
     if (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
         or warmup_steps < 0):
       raise ValueError("Fixed: `warmup_steps` must be an int >= 0, got "
@@ -90,184 +74,12 @@ class Fixed(Schedule):
             "warmup_steps": self.warmup_steps}
 
 
-# -- period rules: how many steps the fastest worker runs per round ---------
-
-class Constant:
-  """Keeps the period at `Adaptive.initial_period`."""
-
-  def update(self, state, table, config):
-    del table, config
-    return state
-
-  def config(self):
-    return {"rule": "Constant"}
-
-
-class AdaComm:
-  """Period shrinks as the loss falls: H_r = H_0 * sqrt(loss_r / loss_0).
-
-  Wang & Joshi, "Adaptive Communication Strategies to Achieve the Best
-  Error-Runtime Trade-off in Local-Update SGD", SysML 2019: long periods
-  early (fast progress per second), short ones as the loss flattens (low
-  error floor). loss_r is the mean of the workers' reported losses.
-  """
-
-  def update(self, state, table, config):
-    losses = [e.loss for e in table.entries
-              if math.isfinite(e.loss) and e.loss > 0]
-    if not losses:
-      return state
-    loss = sum(losses) / len(losses)
-    if not math.isfinite(state.initial_loss):
-      return dataclasses.replace(state, initial_loss=loss)
-    period = config.initial_period * math.sqrt(loss / state.initial_loss)
-    return dataclasses.replace(state, period=float(math.ceil(period)))
-
-  def config(self):
-    return {"rule": "AdaComm"}
-
-
-class CostAware:
-  """Never averages more often than the averaging's measured cost allows.
-
-  The period is the larger of two: what a `base` rule asks for the
-  model's sake (AdaComm() by default: long early, shorter as the loss
-  falls), and the shortest round whose averaging point takes at most
-  `max_overhead` of it: c / (T + c) <= max_overhead, so
-  T = c * (1 - max_overhead) / max_overhead, times the fastest worker's
-  rate. c is what the last worker to arrive at the previous averaging
-  point spent there (it waited for no one: the exchange and the collective
-  only), smoothed over rounds. Cheap averaging (an even cluster on a fast
-  network) leaves the base rule free, down to every step with base=None;
-  expensive averaging (slow links, a large model) stretches the rounds so
-  the links do not set the pace. The period is bounded by
-  `Adaptive.min_period` / `max_period` like every rule's.
-
-  Local SGD's error-runtime trade-off (Wang & Joshi, SysML 2019): the
-  period weighs what a step and an averaging cost, as measured each round,
-  instead of a constant tuned for one cluster.
-
-  Args:
-    max_overhead: 0.1, the share of each round averaging may take, in
-      (0, 1).
-    smoothing: 0.5, weight of the newest measurement in the running cost,
-      in (0, 1].
-    base: AdaComm() (default), another rule, or None (the cost alone).
-  """
-
-  def __init__(self, max_overhead: float = 0.1, smoothing: float = 0.5,
-               base="AdaComm"):
-    self.max_overhead = _positive_float("max_overhead", max_overhead,
-                                        "CostAware")
-    self.smoothing = _positive_float("smoothing", smoothing, "CostAware")
-    if self.max_overhead >= 1 or self.smoothing > 1:
-      raise ValueError("CostAware: need 0 < max_overhead < 1 and 0 < "
-                       f"smoothing <= 1, got max_overhead={max_overhead!r}, "
-                       f"smoothing={smoothing!r}.")
-    self.base = AdaComm() if base == "AdaComm" else base
-    if self.base is not None and (not hasattr(self.base, "update") or
-                                  isinstance(self.base, CostAware)):
-      raise TypeError("CostAware: `base` must be None or a period rule "
-                      "(AdaComm(), QuadraticSync(), DivergenceBand(), "
-                      f"Constant()), got {base!r}.")
-
-  def update(self, state, table, config):
-    if self.base is not None:
-      # The base rule runs on its own period, not on the cost-raised one
-      # (a rule that scales the last period would otherwise ratchet up).
-      own = state.base_period if math.isfinite(state.base_period) else (
-          state.period)
-      state = self.base.update(dataclasses.replace(state, period=own),
-                               table, config)
-      state = dataclasses.replace(state, base_period=state.period)
-    floor, cost = self.cost_floor(state, table)
-    if floor is None:
-      return state
-    return dataclasses.replace(
-        state, period=float(max(state.period if self.base else 1, floor)),
-        sync_cost=cost)
-
-  def cost_floor(self, state, table):
-    """(the shortest period the cost allows, the smoothed cost), or
-    (None, None) before both a cost and a rate are measured."""
-    costs = [e.sync_cost for e in table.entries
-             if math.isfinite(e.sync_cost) and e.sync_cost > 0]
-    rates = [e.rate for e in table.entries
-             if math.isfinite(e.rate) and e.rate > 0]
-    if not costs or not rates:
-      return None, None
-    cost = min(costs)  # the last to arrive: no wait for others in it
-    if math.isfinite(state.sync_cost):
-      cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
-    budget = cost * (1 - self.max_overhead) / self.max_overhead
-    return max(1.0, math.ceil(budget * max(rates))), cost
-
-  def config(self):
-    return {"rule": "CostAware", "max_overhead": self.max_overhead,
-            "smoothing": self.smoothing,
-            "base": None if self.base is None else self.base.config()}
-
-
-class QuadraticSync:
-  """Quadratic synchronization rule: H = max(H_base, floor((beta / lr)^2)).
-
-  Gu, Lyu, Arora, Huang, "Why (and When) does Local SGD Generalize Better
-  than SGD?", ICLR 2023: as the learning rate decays, average less often.
-  lr is the median of the learning rates the workers report.
-  """
-
-  def __init__(self, beta: float = 0.1, base_period: int = 2):
-    self.beta = _positive_float("beta", beta, "QuadraticSync")
-    self.base_period = _positive_int("base_period", base_period,
-                                     "QuadraticSync")
-
-  def update(self, state, table, config):
-    del config
-    lrs = sorted(e.learning_rate for e in table.entries
-                 if math.isfinite(e.learning_rate) and e.learning_rate > 0)
-    if not lrs:
-      return state
-    lr = lrs[len(lrs) // 2]
-    period = max(self.base_period, math.floor((self.beta / lr) ** 2))
-    return dataclasses.replace(state, period=float(period))
-
-  def config(self):
-    return {"rule": "QuadraticSync", "beta": self.beta,
-            "base_period": self.base_period}
-
-
-class DivergenceBand:
-  """Keeps the replicas' measured divergence inside [low, high].
-
-  Divergence is |w_i - mean| / |mean| just before an averaging. Above
-  `high` the period is divided by `factor`; below `low` multiplied by it.
-  """
-
-  def __init__(self, low: float = 0.005, high: float = 0.05,
-               factor: float = 2.0):
-    self.low = _positive_float("low", low, "DivergenceBand")
-    self.high = _positive_float("high", high, "DivergenceBand")
-    self.factor = _positive_float("factor", factor, "DivergenceBand")
-    if self.low >= self.high or self.factor <= 1:
-      raise ValueError("DivergenceBand: need low < high and factor > 1, got "
-                       f"low={low!r}, high={high!r}, factor={factor!r}.")
-
-  def update(self, state, table, config):
-    del config
-    divs = [e.divergence for e in table.entries
-            if math.isfinite(e.divergence)]
-    if not divs:
-      return state
-    d = max(divs)
-    if d > self.high:
-      return dataclasses.replace(state, period=state.period / self.factor)
-    if d < self.low:
-      return dataclasses.replace(state, period=state.period * self.factor)
-    return state
-
-  def config(self):
-    return {"rule": "DivergenceBand", "low": self.low, "high": self.high,
-            "factor": self.factor}
+# Period rules (policy/period_rules.py), under the names users know them by.
+Constant = period_rules.Constant
+AdaComm = period_rules.AdaComm
+CostAware = period_rules.CostAware
+QuadraticSync = period_rules.QuadraticSync
+DivergenceBand = period_rules.DivergenceBand
 
 
 GROUPINGS = ("host", "speed", "global")
@@ -343,10 +155,10 @@ class Adaptive(Schedule):
                       "AdaComm(), QuadraticSync(), DivergenceBand() or "
                       "Constant(), got "
                       f"{period_rule!r}.")
-    self.initial_period = _positive_int("initial_period", initial_period,
+    self.initial_period = period_rules.positive_int("initial_period", initial_period,
                                         "Adaptive")
-    self.min_period = _positive_int("min_period", min_period, "Adaptive")
-    self.max_period = _positive_int("max_period", max_period, "Adaptive")
+    self.min_period = period_rules.positive_int("min_period", min_period, "Adaptive")
+    self.max_period = period_rules.positive_int("max_period", max_period, "Adaptive")
     if not self.min_period <= self.initial_period <= self.max_period:
       raise ValueError("Adaptive: need min_period <= initial_period <= "
                        f"max_period, got {min_period}, {initial_period}, "
@@ -355,25 +167,25 @@ class Adaptive(Schedule):
       raise ValueError(f"Adaptive: `grouping` must be one of {GROUPINGS}, "
                        f"got {grouping!r}.")
     if max_group_size is not None and (
-        _positive_int("max_group_size", max_group_size, "Adaptive") < 2):
+        period_rules.positive_int("max_group_size", max_group_size, "Adaptive") < 2):
       raise ValueError("Adaptive: `max_group_size` must be None or >= 2, got "
                        f"{max_group_size!r}.")
     if weighting not in WEIGHTINGS:
       raise ValueError(f"Adaptive: `weighting` must be one of {WEIGHTINGS}, "
                        f"got {weighting!r}.")
     self.grouping, self.max_group_size = grouping, max_group_size
-    self.max_groupings = (None if max_groupings is None else _positive_int(
+    self.max_groupings = (None if max_groupings is None else period_rules.positive_int(
         "max_groupings", max_groupings, "Adaptive"))
-    self.global_every = _positive_int("global_every", global_every, "Adaptive")
-    self.max_global_every = _positive_int("max_global_every",
+    self.global_every = period_rules.positive_int("global_every", global_every, "Adaptive")
+    self.max_global_every = period_rules.positive_int("max_global_every",
                                           max_global_every, "Adaptive")
     self.adaptive_global = bool(adaptive_global)
-    self.divergence_low = _positive_float("divergence_low", divergence_low,
+    self.divergence_low = period_rules.positive_float("divergence_low", divergence_low,
                                           "Adaptive")
-    self.divergence_high = _positive_float("divergence_high", divergence_high,
+    self.divergence_high = period_rules.positive_float("divergence_high", divergence_high,
                                            "Adaptive")
     self.weighting = weighting
-    self.straggler_ratio = _positive_float("straggler_ratio", straggler_ratio,
+    self.straggler_ratio = period_rules.positive_float("straggler_ratio", straggler_ratio,
                                            "Adaptive")
     if isinstance(max_staleness, bool) or not isinstance(
         max_staleness, int) or max_staleness < 0:
@@ -426,7 +238,7 @@ class OuterMomentum:
   """
 
   def __init__(self, learning_rate=1.0, momentum=0.5, nesterov=True):
-    self.learning_rate = _positive_float("learning_rate", learning_rate,
+    self.learning_rate = period_rules.positive_float("learning_rate", learning_rate,
                                          "OuterMomentum")
     if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
         or not 0 <= momentum < 1):

@@ -98,7 +98,7 @@ def test_instance_keys_follow_the_packed_shape_and_stay_in_their_role():
   roles = sorted(averaging.INSTANCE_KEY_BASE.items(), key=lambda kv: kv[1])
   for (role, base), (_, next_base) in zip(roles, roles[1:] + [(None, 2**31)]):
     for length in (1, 999, 10**6, 10**9):
-      k = key(role, averaging._MAX_PACKS - 1, "float64", length)  # pylint: disable=protected-access
+      k = key(role, averaging.MAX_PACKS - 1, "float64", length)
       assert base <= k < min(next_base, base + (1 << 27)) and k < 2**31
 
 

@@ -74,3 +74,14 @@ def test_busy_port_is_reported_before_tensorflow_binds_it():
                              "worker", 0)
     with pytest.raises(ClusterConfigError, match="already in use"):
       cluster.check_port_free(info)
+
+
+def test_connection_refused_tells_a_gone_process_from_a_stopped_one():
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    # Listening but never accepting, like a stopped process: not gone.
+    assert not cluster.connection_refused(address)
+  assert cluster.connection_refused(address)  # nothing listens now
+  assert not cluster.connection_refused("not-an-address")

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -53,14 +55,19 @@ def test_with_deltas_the_members_read_changes_not_the_whole_table(tmp_path):
   assert r["bytes_out_of_chief_mb"] < 0.05, r
 
 
-def test_the_global_sync_benchmark_runs_both_averagers(tmp_path):
-  # Runs both averagers on 2 hosts of 2 logical devices (it checks their
-  # sums against NumPy itself): shard by shard sends the ring bound, host
-  # by host about twice it.
+@pytest.mark.parametrize("shape, most", [
+    (["--hosts=2", "--per_host=2"], 1.0),
+    # hosts of 3 and 2, each cut to fit: within 5 % of the bound
+    (["--hosts=2", "--per_host=3", "--gone=5"], 1.05)])
+def test_the_global_sync_benchmark_runs_both_averagers(tmp_path, shape,
+                                                       most):
+  # Runs both averagers on 2 emulated hosts of logical devices (it checks
+  # their sums against NumPy itself): shard by shard sends the ring bound,
+  # host by host about twice it.
   out = tmp_path / "gs.json"
   proc = subprocess.run(
       [sys.executable, str(ROOT / "benchmarks" / "global_sync.py"),
-       "--hosts=2", "--per_host=2", "--params=1001", "--repeats=1",
+       *shape, "--params=1001", "--repeats=1",
        f"--result_json={out}"], capture_output=True, text=True, timeout=300,
       cwd=ROOT / "benchmarks",
       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
@@ -68,6 +75,6 @@ def test_the_global_sync_benchmark_runs_both_averagers(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "no heterogeneity" in proc.stdout
   rows = {r["averager"]: r for r in json.loads(out.read_text())["results"]}
-  assert rows["shard by shard"]["sent_max_over_bound"] < 1.0 + 1e-9
+  assert rows["shard by shard"]["sent_max_over_bound"] < most + 1e-9
   assert rows["host by host"]["sent_mean_over_bound"] > 1.5
   assert all(r["median_s"] > 0 for r in rows.values())

@@ -244,18 +244,6 @@ def test_a_member_whose_process_is_gone_is_dropped_at_once():
   assert time.monotonic() - start < 3.0  # not the 30 s straggler timeout
 
 
-def test_connection_refused_tells_a_gone_process_from_a_stopped_one():
-  import socket  # pylint: disable=g-import-not-at-top
-  with socket.socket() as server:
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    address = f"127.0.0.1:{server.getsockname()[1]}"
-    # Listening but never accepting, like a stopped process: not gone.
-    assert not membership.connection_refused(address)
-  assert membership.connection_refused(address)  # nothing listens now
-  assert not membership.connection_refused("not-an-address")
-
-
 def test_a_long_run_keeps_the_store_bounded():
   # A soak of many rounds (two workers, each in its own thread for the
   # whole run): decisions past KEEP_ROUNDS are deleted, nothing else grows.

@@ -12,7 +12,7 @@ import pytest
 
 import multiworker
 from oscars_tf.protocol import membership
-from oscars_tf.protocol import round_book
+from oscars_tf.protocol import round_history
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -272,7 +272,7 @@ def test_a_soak_of_thousands_of_rounds_keeps_the_store_bounded():
   assert chief["kept_decisions"] == membership.KEEP_ROUNDS, (
       chief["kept_decisions"], chief["missing_decisions"], chief["rounds"])
   assert chief["arrivals"] == 0, chief["arrivals"]
-  assert chief["history"] == min(chief["rounds"], round_book.HISTORY_KEEP)
+  assert chief["history"] == min(chief["rounds"], round_history.HISTORY_KEEP)
   for out in result.outputs[1:]:
     np.testing.assert_array_equal(out["weights"], chief["weights"])
   print(f"\nsoak: {chief['rounds']} rounds of 3 workers in "

@@ -57,7 +57,8 @@ def test_a_global_sync_over_64_hosts_goes_host_by_host():
   assert len(leaders) == 1
   # Hosts of one size: the sync goes shard by shard, shard r in a ring of
   # the 64 hosts' r-th workers (runtime/sharded_sync.py).
-  assert part.sharded and part.shard_size == 64 and part.shards == per_host
+  assert part.sharded and part.pieces == per_host
+  assert part.segment_sizes[0] == 64 and part.segment_sizes[1] == 0
   assert part.shard_rank == per_host - 1  # (the last worker's part)
   # Keys: the whole cluster, 64 hosts, their leaders, and the 16 shard
   # rings, less the first (the leaders' own).

@@ -11,6 +11,7 @@ from fake_store import FakeStore, run_threads
 from oscars_tf import schedules
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import round_book
+from oscars_tf.protocol import round_history
 
 
 def _info(me, hosts):
@@ -127,13 +128,13 @@ def test_an_epoch_target_ends_the_epoch_on_every_member_at_once():
 
 def test_the_history_keeps_cluster_lists_for_the_newest_rounds_only(
     monkeypatch):
-  monkeypatch.setattr(round_book, "HISTORY_CLUSTER_CELLS", 0)  # 100 rounds
+  monkeypatch.setattr(round_history, "HISTORY_CLUSTER_CELLS", 0)  # 100 rounds
   books = _books(("a",) * 2, schedules.Fixed(1))
-  assert books[0].history_full_rounds == 100
+  assert books[0].history.full_rounds == 100
   for _ in range(130):
     _round(books, steps=[1, 1])
   history = list(books[1].history)
   assert len(history) == 130
-  full = [all(f in e for f in round_book.CLUSTER_FIELDS) for e in history]
+  full = [all(f in e for f in round_history.CLUSTER_FIELDS) for e in history]
   assert full == [False] * 30 + [True] * 100
   assert all("rate" in e and "plan" in e for e in history)  # scalars stay

@@ -78,10 +78,11 @@ def test_the_survivors_agree(job):
 
 
 def test_a_sync_of_both_whole_hosts_goes_shard_by_shard(job):
-  """A global sync goes shard by shard (runtime/sharded_sync.py): in 8
-  shards while both hosts hold 8 workers, in 7 after the death (worker 15,
-  the eighth of the second host, then holds none), and every worker holds
-  the same model after it. TensorFlow does not rank the second host's members
+  """A global sync goes shard by shard (runtime/sharded_sync.py): each host
+  in 8 pieces while both hold 8 workers; after the death (worker 15) the
+  second host cuts 7 and the pieces cross hosts as 14 segments (a fitted
+  cut, policy/shard_layout.py); every worker holds the same model after
+  each. TensorFlow does not rank the second host's members
   (tasks 8 to 15) in task order: without the rank order the sync gathers
   first, the rings paired members holding different shards and the two
   hosts' models differed by up to 20 after the sync (measured)."""

@@ -15,7 +15,11 @@ import sys
 import numpy as np
 import pytest
 
+import control_plane_summary
+from oscars_tf import schedules
 from oscars_tf.policy import plan_changes
+from oscars_tf.policy import records
+from oscars_tf.policy import shard_layout
 
 
 def _hosts(*sizes):
@@ -24,8 +28,9 @@ def _hosts(*sizes):
 
 def test_equal_hosts_shard_and_every_ring_is_bounded():
   hosts = _hosts(*[4] * 10)  # 10 hosts of 4; racks of at most 3 hosts
-  layout = plan_changes.shard_layout(hosts, range(40), max_leaders=3)
+  layout = shard_layout.shard_layout(hosts, range(40), max_leaders=3)
   assert len(layout.hosts) == 10 and len(layout.racks) == 4
+  assert layout.pieces == (4,) * 10 and layout.segments == 4
   rings = layout.rings()
   assert max(len(r) for r in rings) <= 4  # 3 hosts a rack, 4 racks' tops
   # Every member is in exactly one rack ring, with the same rank on every
@@ -35,9 +40,11 @@ def test_equal_hosts_shard_and_every_ring_is_bounded():
   for ring in in_rack_rings:
     assert len({j % 4 for j in ring}) == 1
   for me in range(40):
-    rank, rack, leads, size = layout.place(me)
-    assert rank == me % 4 and size == 4 and me in layout.ring(rack, rank)
-    assert leads == (me // 4 == layout.racks[rack][0])
+    rank, rack, leads, h = layout.place(me)
+    assert rank == me % 4 and h == me // 4
+    assert list(layout.segments_of(h, rank)) == [rank]
+    assert me in layout.ring(rack, rank)
+    assert leads == (h == layout.racks[rack][0])
     assert layout.top(rank)[rack] // 4 == layout.racks[rack][0]
 
 
@@ -50,30 +57,92 @@ def test_equal_hosts_shard_and_every_ring_is_bounded():
 ])
 def test_no_layout_where_hosts_differ_much_or_nothing_crosses(hosts,
                                                                members):
-  assert plan_changes.shard_layout(hosts, members) is None
+  assert shard_layout.shard_layout(hosts, members) is None
 
 
-def test_a_member_gone_shards_by_the_smallest_host():
-  hosts = _hosts(3, 3)
-  layout = plan_changes.shard_layout(hosts, [0, 1, 2, 3, 5])
-  assert layout.hosts == ((0, 1, 2), (3, 5)) and layout.shards == 2
-  assert layout.rings() == [(0, 3), (1, 5)]
-  assert layout.place(2) == (2, 0, True, 3)  # holds no shard
-  assert plan_changes.shard_layout(hosts, [0, 1, 3, 4]).rings() == [
+def test_hosts_of_two_sizes_cut_to_fit_each():
+  """Hosts of 3 and 2: each cuts its own pieces (thirds, halves), and the
+  pieces cross hosts as the 4 segments both cuts make."""
+  layout = shard_layout.shard_layout(_hosts(3, 3), [0, 1, 2, 3, 5])
+  assert layout.hosts == ((0, 1, 2), (3, 5)) and layout.pieces == (3, 2)
+  assert (layout.denominator, layout.cuts) == (6, (0, 2, 3, 4, 6))
+  assert layout.rings() == [(0, 3), (1, 3), (1, 5), (2, 5)]
+  assert layout.place(2) == (2, 0, True, 0)  # holds the last third
+  assert list(layout.segments_of(0, 2)) == [3]
+  assert list(layout.segments_of(1, 0)) == [0, 1]  # worker 3: 2 segments
+  assert shard_layout.shard_layout(_hosts(3, 3), [0, 1, 3, 4]).rings() == [
       (0, 3), (1, 4)]
+
+
+@pytest.mark.parametrize("sizes", [
+    (8, 8, 8, 6), (8, 7, 6, 8), (8, 7, 5), (4, 3, 3),
+    (8, 7, 6, 5, 8)])  # (the last: too many segments, the even cut)
+def test_every_segment_has_one_holder_a_host_and_pieces_are_covered(sizes):
+  hosts = _hosts(*sizes)
+  layout = shard_layout.shard_layout(hosts, range(len(hosts)),
+                                     max_leaders=2)
+  for h, members in enumerate(layout.hosts):
+    held = [s for place in range(len(members))
+            for s in layout.segments_of(h, place)]
+    assert held == list(range(layout.segments))  # each once, in order
+    assert max(len(layout.segments_of(h, place))
+               for place in range(len(members))) <= (
+                   shard_layout.MAX_SEGMENTS)
+  for s in range(layout.segments):
+    for k in range(len(layout.racks)):
+      for j in layout.ring(k, s):
+        place, rack, _, h = layout.place(j)
+        assert rack == k and s in layout.segments_of(h, place)
+
+
+def test_many_sizes_fall_back_to_the_even_cut():
+  """9 host sizes would cut a piece into more than MAX_SEGMENTS segments:
+  every host cuts as the smallest, and a larger host's members past it
+  hold nothing. So do sizes whose cut points need too fine a
+  denominator."""
+  layout = shard_layout.shard_layout(_hosts(*range(9, 18)), range(117))
+  assert layout.pieces == (9,) * 9 and layout.cuts == tuple(range(10))
+  assert list(layout.segments_of(8, 16)) == []  # the host of 17's last
+  fitted = shard_layout.shard_layout(_hosts(8, 7, 5), range(20))
+  assert fitted.pieces == (8, 7, 5) and fitted.denominator == 280
+  # two sizes (2 segments a piece at most) but cut points in 65,792ths
+  fine = shard_layout.shard_layout(_hosts(257, 256), range(513))
+  assert fine.pieces == (256, 256) and fine.denominator == 256
+
+
+@pytest.mark.parametrize("sizes, members_gone", [
+    ((8, 8, 8, 8), (30, 31)),         # a host of 6 among hosts of 8
+    ((8,) * 16, (3, 40, 41, 77)),     # hosts of 7 and 6 among 8s
+])
+def test_a_fault_round_sends_within_the_ring_bound(sizes, members_gone):
+  """The most-sending member of a global sync sends within 1.2x of the
+  ring all-reduce bound 2(N-1)/N, hosts of unequal sizes included."""
+  hosts = _hosts(*sizes)
+  members = [j for j in range(len(hosts)) if j not in members_gone]
+  plan = schedules.Adaptive(global_every=1, adaptive_global=False).plan(
+      records.StepRateTable(tuple(records.TableEntry(rate=1.0, round=0)
+                                  for _ in hosts), tuple(hosts)), 1)
+  plan = plan_changes.with_members(plan, members)
+  mean, most = control_plane_summary.averaging_traffic(
+      plan, hosts, members, max_leaders=4)
+  assert most <= 1.2 and mean <= most, (mean, most)
 
 
 _CASES = {
     # name: (workers a host, hosts, max hosts a rack, averaging dtype,
-    #        workers gone)
+    #        workers gone[, a sum of all first[, MAX_SEGMENTS]])
     "two_hosts_of_three": (3, 2, None, None, ()),
     "three_hosts_in_two_racks": (2, 3, 2, None, ()),
     "bfloat16": (2, 2, None, "bfloat16", ()),
-    # hosts of 3, 2 and 3 members: two shards, worker 2 and 7 hold none
+    # hosts of 3, 2 and 3 members, cut in thirds and halves: worker 3's
+    # half crosses as two segments, in two racks
     "a_worker_gone": (3, 3, 2, None, (4,)),
-    # the same, after a sum of all 9 in 3 shards: groups that stay (the
-    # first host, the ring of workers 0 and 3) now carry 2 shards
+    # the same, after a sum of all 9 in thirds: groups that stay (the
+    # first host, the ring of workers 0 and 3) now carry other shapes
     "a_worker_gone_after_a_whole_sum": (3, 3, 2, None, (4,), True),
+    # the same where a piece may cross in one segment only: the even cut,
+    # in halves; workers 2 and 8 hold nothing
+    "a_worker_gone_even_cut": (3, 3, 2, None, (4,), False, 1),
 }
 
 
@@ -89,6 +158,9 @@ def _child(case):
   from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
 
   per_host, num_hosts, max_leaders, dtype, gone = _CASES[case][:5]
+  whole_first, max_segments = (_CASES[case][5:] + (False, None))[:2]
+  if max_segments:
+    shard_layout.MAX_SEGMENTS = max_segments
   n = per_host * num_hosts
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
@@ -114,7 +186,10 @@ def _child(case):
       try:
         part = round_parts.part_of(me, 1, plan, hosts, members, [True] * n,
                                    keys, np.zeros(1), False, max_leaders)
-        assert part.sharded, part
+        sizes = [sum(hosts[j] == h for j in members) for h in set(hosts)]
+        assert part.sharded and part.pieces == (
+            min(sizes) if max_segments else
+            sum(hosts[j] == hosts[me] for j in members)), part
         p = round_parts.RoundPart(*[
             tf.constant(v, d) for v, d in zip(part, rounds.PART_DTYPES)])
         # TensorFlow ranks a group's members in its own order (see
@@ -132,7 +207,7 @@ def _child(case):
           results[me] = [t.numpy().tolist() for t in fn(
               [tf.constant(v) for v in values[me]])]
       except Exception as e:  # pylint: disable=broad-except
-        errors.append(f"{type(e).__name__}: {str(e)[:300]}")
+        errors.append(f"{type(e).__name__}: {str(e)[-500:]}")
 
     threads = [threading.Thread(target=member, args=(m,)) for m in members]
     for t in threads:
@@ -146,8 +221,7 @@ def _child(case):
             "expected": [e.tolist() for e in expected],
             "weights_sum": float(sum(plan.weights[j] for j in members))}
 
-  first_whole = len(_CASES[case]) > 5
-  if first_whole:
+  if whole_first:
     out = sum_once(list(range(n)))
     assert not out["errors"] and not out["alive"], out
   print(json.dumps(sum_once([j for j in range(n) if j not in gone])))
@@ -187,9 +261,14 @@ def test_on_gpus_the_host_steps_are_nccl_and_the_rings_grpc():
   from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
   fields = dict.fromkeys(round_parts.RoundPart._fields, 1)
-  fields.update(table=[0.0], host_size=2, shards=2, shard_rank=0,
-                shard_size=2, shard_racks_size=2, weight_in_host=0.5,
-                host_share=0.5, rack_share=1.0)
+  for name, length in round_parts.VECTOR_LENGTHS.items():
+    fields[name] = [0] * length
+  fields.update(table=[0.0], host_size=2, pieces=2, shard_rank=0,
+                cut_denominator=2,
+                segment_cuts=[0] + [1] * shard_layout.MAX_SEGMENTS,
+                segment_sizes=[2] + [0] * (shard_layout.MAX_SEGMENTS - 1),
+                shard_racks_size=2,
+                weight_in_host=0.5, host_share=0.5, rack_share=1.0)
   dtypes = rounds.PART_DTYPES._asdict()
   part = round_parts.RoundPart(**{
       k: tf.constant(bool(v) if dtypes[k] == tf.bool else v, dtypes[k])

@@ -26,6 +26,7 @@ from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
+from oscars_tf import cluster as cluster_lib
 from oscars_tf.distribute import averaged_variables
 from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import inputs
@@ -95,7 +96,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         timeout=collective_timeout)
     store = kv_store.ContextStore() if info.is_multi_worker else None
     addresses = [a for _, _, a in info.workers]
-    is_gone = lambda j: membership_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
+    is_gone = lambda j: cluster_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
     relay = host_relay.HostRelay(hosts, info.worker_index) if (
         host_relay.HostRelay.wanted(hosts)) else None
     self._book = round_book.RoundBook(

@@ -26,9 +26,19 @@ PART_DTYPES = round_parts.RoundPart(
     leaders_key=tf.int32, leaders_size=tf.int32, host_share=tf.float32,
     is_rack_leader=tf.bool, racks_key=tf.int32, racks_size=tf.int32,
     rack_share=tf.float32, sharded=tf.bool, shard_rank=tf.int32,
-    shards=tf.int32, shard_key=tf.int32, shard_size=tf.int32,
-    host_leads_rack=tf.bool, shard_racks_key=tf.int32,
+    pieces=tf.int32, cut_denominator=tf.int64, segment_cuts=tf.int64,
+    segment_ids=tf.int32, segment_keys=tf.int32, segment_sizes=tf.int32,
+    segment_top_keys=tf.int32, host_leads_rack=tf.bool,
     shard_racks_size=tf.int32)
+
+
+def _part_shape(name, n):
+  """The static shape of RoundPart field `name` for `n` workers."""
+  if name == "table":
+    return [n * round_book.ROW]
+  if name in round_parts.VECTOR_LENGTHS:
+    return [round_parts.VECTOR_LENGTHS[name]]
+  return []
 
 
 class Rounds:
@@ -126,7 +136,7 @@ class Rounds:
                             for v in values])
     n = self.book.n
     part = round_parts.RoundPart(*[
-        tf.reshape(o, [n * round_book.ROW] if name == "table" else [])
+        tf.reshape(o, _part_shape(name, n))
         for name, o in zip(PART_DTYPES._fields, tf.py_function(
             self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
             list(PART_DTYPES)))])

@@ -318,11 +318,11 @@ class OscarsStrategy(tf.distribute.Strategy):
   def round_history(self):
     """One dict per finished round of this worker (plan digest, steps,
     compute/wait/communication seconds, rate, divergence, table rates): the
-    last `round_book.HISTORY_KEEP` (10,000) rounds. The lists over the whole
-    cluster (`round_book.CLUSTER_FIELDS`: every worker's rate and planned
-    steps, the groups, the members) are in the newest rounds only, at least
-    100, all 10,000 up to 25 workers: the history stays bounded at 10,000
-    workers too."""
+    last `round_history.HISTORY_KEEP` (10,000) rounds. The lists over the
+    whole cluster (`round_history.CLUSTER_FIELDS`: every worker's rate and
+    planned steps, the groups, the members) are in the newest rounds only,
+    at least 100, all 10,000 up to 25 workers: the history stays bounded at
+    10,000 workers too."""
     return list(self.extended.round_book.history)
 
   def step_rate_table(self):

@@ -3,12 +3,10 @@ every member: workers dropped or rejoining (`with_members`), who arrived
 with how many steps and whose data ran out (`with_arrivals`), the epoch's
 end (`fit_to_epoch`), whole multiples of Keras' steps per call
 (`quantized`), and each worker's weights when some are unsound
-(`healthy_weight`, `host_part`); the rings of a sharded global sync
-(`shard_layout`). Pure Python.
+(`healthy_weight`, `host_part`). Pure Python.
 """
 
 import dataclasses
-import functools
 import math
 from typing import Tuple
 
@@ -51,74 +49,6 @@ def racks_of(leaders, max_leaders):
   return [tuple(leaders[i * len(leaders) // count:
                         (i + 1) * len(leaders) // count])
           for i in range(count)]
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardLayout:
-  """A global sync near the ring bound, for hosts of S to L members.
-
-  The model is cut into S shards (S: the fewest members a host has). On
-  each host, its r-th member (in worker order) holds shard r for r < S;
-  shard r crosses hosts in rings of the hosts' r-th members: a ring per
-  rack (the racks of `racks_of`), then, with several racks, a ring of the
-  racks' first hosts. With hosts of one size each member sends 2(N-1)/N of
-  the model, as one flat ring would; a host of L > S members sends
-  2(L-1)/S within the host. No ring is longer than a rack.
-  """
-  hosts: Tuple[Tuple[int, ...], ...]  # each host's members, by first member
-  racks: Tuple[Tuple[int, ...], ...]  # indices into `hosts`, rack by rack
-  shards: int
-
-  def ring(self, rack, rank):
-    return tuple(self.hosts[h][rank] for h in self.racks[rack])
-
-  def top(self, rank):
-    """Shard `rank`'s ring of the racks' first hosts."""
-    return tuple(self.hosts[r[0]][rank] for r in self.racks)
-
-  def rings(self):
-    """Every ring of the layout, in one order for every member."""
-    rings = [self.ring(k, r) for k in range(len(self.racks))
-             for r in range(self.shards)]
-    if len(self.racks) > 1:
-      rings += [self.top(r) for r in range(self.shards)]
-    return rings
-
-  @functools.cached_property
-  def _places(self):
-    """member -> place(member), built once: O(workers) for them all."""
-    return {j: (i, k, h == rack[0], len(self.hosts[h]))
-            for k, rack in enumerate(self.racks) for h in rack
-            for i, j in enumerate(self.hosts[h])}
-
-  def place(self, me):
-    """(place on its host, rack index, its host leads its rack, its host's
-    size); the member holds a shard when its place is below `shards`."""
-    try:
-      return self._places[me]
-    except KeyError:
-      raise ValueError(f"worker {me} is not in the layout") from None
-
-
-def shard_layout(hosts, members, max_leaders=None):
-  """The ShardLayout of a global sync of `members`, or None: with one host,
-  a host of one member, or a host of more than twice the fewest members
-  (a host's members would then send more than through its leader); those
-  syncs go leader by leader (`host_part`)."""
-  by_host = {}
-  for i in sorted(members):
-    by_host.setdefault(hosts[i], []).append(i)
-  groups = sorted(tuple(g) for g in by_host.values())
-  if len(groups) < 2:
-    return None
-  shards = min(len(g) for g in groups)
-  if shards < 2 or 2 * shards <= max(len(g) for g in groups):
-    return None
-  leaders = [g[0] for g in groups]
-  index = {g[0]: h for h, g in enumerate(groups)}
-  racks = racks_of(leaders, max_leaders or len(leaders))
-  return ShardLayout(tuple(groups),
-                     tuple(tuple(index[i] for i in r) for r in racks), shards)
 
 
 def host_part(p: Plan, me: int, hosts, members, sound,

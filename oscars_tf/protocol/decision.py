@@ -4,6 +4,8 @@ import dataclasses
 import json
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 from oscars_tf.protocol import decision_codec
 
 
@@ -23,6 +25,18 @@ class Decision:
   # from the store: the round book takes it whole instead of row by row.
   row_array: Any = dataclasses.field(default=None, compare=False,
                                      repr=False)
+
+  def table_rows(self, n, width):
+    """The rows as an n x `width` array (NaN where none)."""
+    rows = np.full([n, width], np.nan)
+    if self.row_array is not None:  # decoded whole from the store
+      known = min(width, self.row_array.shape[1])
+      rows[:, :known] = self.row_array[:, :known]
+    else:
+      for j, r in enumerate(self.rows):
+        if r is not None:
+          rows[j, :len(r)] = r[:width]
+    return rows
 
   def encode(self):
     """Compact store text (decision_codec.py)."""

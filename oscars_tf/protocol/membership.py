@@ -26,7 +26,6 @@ dict).
 
 import base64
 import math
-import socket
 import time
 
 import numpy as np
@@ -382,21 +381,6 @@ class Membership:
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
-
-
-def connection_refused(address, timeout_s=0.5):
-  """Whether nothing listens at `address` ("host:port") any more: the
-  process behind it is gone. A stopped process still accepts connections
-  (the kernel does), and an unreachable host is not "refused": both are
-  left to the straggler timeout."""
-  host, _, port = address.rpartition(":")
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)), timeout_s):
-      return False
-  except ConnectionRefusedError:
-    return True
-  except (OSError, ValueError):
-    return False
 
 
 def _left(deadline):

@@ -15,7 +15,6 @@ The graph side calls 1 and 3 through `tf.py_function`, only at averaging
 points, so everything here is plain Python, testable over a fake store.
 """
 
-import collections
 import dataclasses
 import math
 import time
@@ -29,6 +28,7 @@ from oscars_tf.policy import records
 from oscars_tf.protocol import group_keys as group_keys_lib
 from oscars_tf.protocol import membership as membership_lib
 from oscars_tf.protocol import rate_table
+from oscars_tf.protocol import round_history
 from oscars_tf.protocol import round_parts
 from oscars_tf.protocol.round_parts import NextRound
 
@@ -39,14 +39,6 @@ FIELD_EXHAUSTED = records.FIELDS.index("exhausted")
 FIELD_ROUND = records.FIELDS.index("round")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
-HISTORY_KEEP = 10_000  # rounds kept in `history` (a long run stays bounded)
-# The per-round lists over the cluster (CLUSTER_FIELDS: O(workers) each)
-# stay in the newest rounds only, about this many cells in all and at least
-# 100 rounds: with 10,000 workers the history then holds no more than a few
-# tables, with 4 workers it holds them for every round kept.
-HISTORY_CLUSTER_CELLS = 1_000_000
-CLUSTER_FIELDS = ("table_rates", "planned_all", "groups", "members")
-
 
 class RoundBook:
   """The Python side of one worker's rounds."""
@@ -66,11 +58,7 @@ class RoundBook:
     empty = records.StepRateTable(
         tuple(records.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
-    # One dict per finished round, the last HISTORY_KEEP of them; the
-    # cluster-wide lists only in the newest `history_full_rounds`.
-    self.history = collections.deque(maxlen=HISTORY_KEEP)
-    self.history_full_rounds = min(HISTORY_KEEP, max(
-        100, HISTORY_CLUSTER_CELLS // (len(CLUSTER_FIELDS) * self.n)))
+    self.history = round_history.RoundHistory(self.n)
     self.observer = None  # called as observer(entry, table, next_plan)
     # Called as slice_listener(epoch, first_step, steps) with this worker's
     # part of each round of a planned epoch, once the round's plan is fixed
@@ -198,22 +186,6 @@ class RoundBook:
       self._adopt(decision)
     return decision
 
-  def _rows(self, decision):
-    """The decision's rows as an n x ROW array (NaN where none)."""
-    rows = np.full([self.n, ROW], np.nan)
-    if decision.row_array is not None:  # decoded whole from the store
-      width = min(ROW, decision.row_array.shape[1])
-      rows[:, :width] = decision.row_array[:, :width]
-    else:
-      for j, r in enumerate(decision.rows):
-        if r is not None:
-          rows[j, :len(r)] = r[:ROW]
-    # A rejoiner's rate (measured before its stall) is its speed now: as of
-    # this round, or the planner would take it for stale and plan it at the
-    # median after a long stall.
-    rows[list(decision.newcomers), FIELD_ROUND] = self.round
-    return rows
-
   def _exchange(self, row):
     """The round's membership and table, then this worker's part in it."""
     decision = self._decide(row)
@@ -229,7 +201,11 @@ class RoundBook:
     self.members = decision.members
     self.plan = plan_changes.with_members(self.plan, decision.members,
                                      decision.newcomers, self._weighting)
-    rows = self._rows(decision)
+    rows = decision.table_rows(self.n, ROW)
+    # A rejoiner's rate (measured before its stall) is its speed now: as of
+    # this round, or the planner would take it for stale and plan it at the
+    # median after a long stall.
+    rows[list(decision.newcomers), FIELD_ROUND] = self.round
     steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
     exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
     self.plan, self._epoch_agreed = plan_changes.with_arrivals(
@@ -246,12 +222,13 @@ class RoundBook:
     # Newcomers, like poisoned members, add nothing and take the model.
     newcomers = set(decision.newcomers)
     sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
-    round_parts.register_groups(self.group_keys, self.plan, self.hosts,
-                                self.members, self._max_leaders)
+    layout = round_parts.register_groups(
+        self.group_keys, self.plan, self.hosts, self.members,
+        self._max_leaders)
     part = round_parts.part_of(
         self.me, self.round, self.plan, self.hosts, self.members, sound,
         self.group_keys, rows.reshape(-1), bool(decision.newcomers),
-        self._max_leaders)
+        self._max_leaders, layout)
     self._sharded = part.is_global and part.sharded
     return part
 
@@ -331,8 +308,8 @@ class RoundBook:
     return nxt
 
   def _record(self, table, divergence, step, bytes_sent, wait, comm, now):
-    """Appends the finished round to `history`."""
-    self.history.append({
+    """Adds the finished round to `history`."""
+    self.history.add({
         "round": self.round, "plan": self.plan.digest(),
         "local_steps": self._arrival_steps,
         "planned_steps": self.plan.local_steps[self.me],
@@ -354,10 +331,6 @@ class RoundBook:
         "rejoined": list(self._decision.newcomers),
         "groups": [list(g) for g in self.plan.groups],
         "planned_all": list(self.plan.local_steps)})
-    if len(self.history) > self.history_full_rounds:
-      older = self.history[-self.history_full_rounds - 1]
-      for field in CLUSTER_FIELDS:
-        older.pop(field, None)
 
   def _publish(self, table, now):
     """The published rows are for people and tools (plans come from the

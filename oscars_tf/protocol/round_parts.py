@@ -10,6 +10,7 @@ import numpy as np
 from absl import logging
 
 from oscars_tf.policy import plan_changes
+from oscars_tf.policy import shard_layout
 
 
 class RoundPart(NamedTuple):
@@ -37,15 +38,29 @@ class RoundPart(NamedTuple):
   racks_size: int
   rack_share: float
   # A global sync across hosts whose sizes allow goes shard by shard
-  # instead (plan_changes.shard_layout); placeholders otherwise.
+  # instead (policy/shard_layout.py); placeholders otherwise.
   sharded: bool
-  shard_rank: int        # its place on its host: the shard it holds, if
-  shards: int            # below the number of shards
-  shard_key: int         # this worker's shard's ring in its rack
-  shard_size: int
+  shard_rank: int        # its place on its host: the piece it holds, if
+  pieces: int            # below the pieces its host cuts
+  cut_denominator: int
+  # Its piece's segments, MAX_SEGMENTS slots: segment k is
+  # [segment_cuts[k], segment_cuts[k+1]) / cut_denominator of the model,
+  # empty past the last; each crosses hosts in a ring of its rack, then
+  # (several racks) a ring of the racks' first hosts.
+  segment_cuts: tuple
+  segment_ids: tuple     # their indices in the layout (for instance keys)
+  segment_keys: tuple    # their rings in the rack
+  segment_sizes: tuple
+  segment_top_keys: tuple
   host_leads_rack: bool
-  shard_racks_key: int   # its shard's ring of the racks' first hosts
-  shard_racks_size: int
+  shard_racks_size: int  # the racks of the layout
+
+
+# The length of each vector field but the table (n * ROW).
+VECTOR_LENGTHS = {"segment_cuts": shard_layout.MAX_SEGMENTS + 1,
+                  **dict.fromkeys(("segment_ids", "segment_keys",
+                                   "segment_sizes", "segment_top_keys"),
+                                  shard_layout.MAX_SEGMENTS)}
 
 
 class NextRound(NamedTuple):
@@ -58,30 +73,40 @@ def multi_host(hosts):
   return len(set(hosts)) > 1
 
 
+_UNSET = object()
+
+
 def register_groups(group_keys, plan, hosts, members, max_leaders=None):
   """Keys for every group this round may use, in the same order on every
   member (see group_keys.py): the plan's, and across hosts each host's
   members, the racks of host leaders and the racks' leaders (for a global
-  sync; plan_changes.host_part)."""
+  sync; plan_changes.host_part), and the rings of a sharded one. Returns
+  that ShardLayout (or None), for `part_of`."""
   group_keys.register(plan.groups)
-  if multi_host(hosts):
-    by_host = {}
-    for i in sorted(members):
-      by_host.setdefault(hosts[i], []).append(i)
-    by_host = sorted(by_host.values())
-    leaders = [h[0] for h in by_host]
-    racks = plan_changes.racks_of(leaders, max_leaders or len(leaders))
-    group_keys.register(by_host + racks + (
-        [[r[0] for r in racks]] if len(racks) > 1 else []))
-    layout = plan_changes.shard_layout(hosts, members, max_leaders)
-    if layout is not None:
-      group_keys.register(layout.rings())
+  if not multi_host(hosts):
+    return None
+  by_host = {}
+  for i in sorted(members):
+    by_host.setdefault(hosts[i], []).append(i)
+  by_host = sorted(by_host.values())
+  leaders = [h[0] for h in by_host]
+  racks = plan_changes.racks_of(leaders, max_leaders or len(leaders))
+  group_keys.register(by_host + racks + (
+      [[r[0] for r in racks]] if len(racks) > 1 else []))
+  layout = shard_layout.shard_layout(hosts, members, max_leaders)
+  if layout is not None:
+    group_keys.register(layout.rings())
+  return layout
 
 
 def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
-            rejoining, max_leaders=None):
+            rejoining, max_leaders=None, layout=_UNSET):
   """Worker `me`'s RoundPart under `plan`; `sound[j]`: worker j adds its
-  model (a member, finite weights, not rejoining)."""
+  model (a member, finite weights, not rejoining); `layout`: what
+  `register_groups` returned this round (computed again if not given)."""
+  if layout is _UNSET:
+    layout = (shard_layout.shard_layout(hosts, members, max_leaders)
+              if multi_host(hosts) else None)
   group = plan.group_of(me)
   takes_model = not sound[me]
   if not any(sound[j] for j in group):
@@ -98,7 +123,7 @@ def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
       len({hosts[i] for i in group}) == 1, plan.global_sync, rejoining,
       1.0 / len(holders) if me in holders else 0.0,
       *_host_part(me, plan, hosts, members, sound, group_keys, max_leaders),
-      *_shard_part(me, hosts, members, group_keys, max_leaders))
+      *_shard_part(me, layout, group_keys))
 
 
 def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
@@ -115,17 +140,25 @@ def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
           part.rack_share)
 
 
-def _shard_part(me, hosts, members, group_keys, max_leaders):
+def _shard_part(me, layout, group_keys):
   """Sharded-sync fields of worker `me` (see RoundPart)."""
-  layout = (plan_changes.shard_layout(hosts, members, max_leaders)
-            if multi_host(hosts) else None)
+  slots = shard_layout.MAX_SEGMENTS
   if layout is None:
-    return (False, 0, 1, 0, 1, True, 0, 1)
-  place, rack, leads, _ = layout.place(me)
-  if place >= layout.shards:  # holds no shard: within its host only
-    return (True, place, layout.shards, 0, 1, leads, 0, 1)
-  ring = layout.ring(rack, place)
+    return (False, 0, 1, 1, (0,) * (slots + 1)) + ((0,) * slots,) * 4 + (
+        True, 1)
+  place, rack, leads, h = layout.place(me)
+  segments = list(layout.segments_of(h, place))
+  cuts = [layout.cuts[s] for s in segments]
+  cuts.append(layout.cuts[segments[-1] + 1] if segments else 0)
   several = len(layout.racks) > 1
-  return (True, place, layout.shards, group_keys.key(ring), len(ring), leads,
-          group_keys.key(layout.top(place)) if several else 0,
-          len(layout.racks))
+  rings = [layout.ring(rack, s) for s in segments]
+
+  def slotted(values, fill=0, length=slots):
+    return tuple(values) + (fill,) * (length - len(values))
+  return (True, place, layout.pieces[h], layout.denominator,
+          slotted(cuts, cuts[-1], slots + 1), slotted(segments),
+          slotted([group_keys.key(r) for r in rings]),
+          slotted([len(r) for r in rings]),
+          slotted([group_keys.key(layout.top(s)) if several else 0
+                   for s in segments]),
+          leads, len(layout.racks))

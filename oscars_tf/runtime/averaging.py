@@ -42,8 +42,8 @@ INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "racks": 3 << 27,
                      "shard_in": 8 << 27, "shard_across": 9 << 27,
                      "shard_racks": 10 << 27, "shard_back": 11 << 27,
                      "shard_out": 12 << 27, "shard_order": 13 << 27}
-_MAX_PACKS = 1 << 10
-_SHAPE_SLOTS = 1 << 17  # (1 << 27) // _MAX_PACKS
+MAX_PACKS = 1 << 10
+_SHAPE_SLOTS = 1 << 17  # (1 << 27) // MAX_PACKS
 
 
 def instance_key(role, pack_index, dtype, length):
@@ -58,18 +58,20 @@ def instance_key(role, pack_index, dtype, length):
   (a shape mismatch) instead of averaging wrongly.
   """
   slot = zlib.crc32(f"{dtype}:{length}".encode()) % _SHAPE_SLOTS
-  return INSTANCE_KEY_BASE[role] + slot * _MAX_PACKS + pack_index
+  return INSTANCE_KEY_BASE[role] + slot * MAX_PACKS + pack_index
 
 
 def instance_key_of_cut(role, pack_index, dtype, length, cut):
   """`instance_key`, for a collective whose shape also depends on `cut`
-  (an int32 tensor: how many shards the pack is cut in). A group may
-  outlive a cut (the same members, after another host lost one), and
-  TensorFlow would refuse the new shape under the old key."""
-  slot = zlib.crc32(f"{dtype}:{length}".encode())
-  return INSTANCE_KEY_BASE[role] + tf.math.floormod(
-      slot % _SHAPE_SLOTS + cut * 40503, _SHAPE_SLOTS) * _MAX_PACKS + (
-          pack_index)
+  (an integer tensor below 1 << 31, the same for one shape: how the pack
+  is cut). A group may outlive a cut (the same members, after another host
+  lost one), and TensorFlow would refuse the new shape under the old key.
+  `pack_index` may be a tensor."""
+  slot = zlib.crc32(f"{dtype}:{length}".encode()) % _SHAPE_SLOTS
+  mixed = tf.math.floormod(slot + tf.cast(cut, tf.int64) * 40503,
+                           _SHAPE_SLOTS)
+  return INSTANCE_KEY_BASE[role] + tf.cast(mixed, tf.int32) * MAX_PACKS + (
+      pack_index)
 
 
 def choose_communication(requested, device_types, hosts):
@@ -236,7 +238,7 @@ class GroupAverager:
     previous = fault_injection.before_collective()  # [] outside tests
     packs = packs_by_dtype(tensors, None if exact else self.averaging_dtype)
     for pack_index, (dtype, indices) in enumerate(packs):
-      assert pack_index < _MAX_PACKS
+      assert pack_index < MAX_PACKS
       with tf.device(self.device):
         flat = weighted_pack(tensors, indices, weight, dtype)
       # Collectives in one function are ordered explicitly: without an
