@@ -26,7 +26,7 @@ into it (published by then). A read that still had to wait for the chief
 is counted apart, not in the latency percentiles. `--death_round` makes
 the last client process exit before posting that round: the chief drops
 its clients as in a job (its server refuses connections:
-membership.connection_refused).
+cluster.connection_refused).
 
 `--workers_per_host=K` puts the workers on logical hosts of K: each
 host's leader posts the host's rows, gathered through files, under its own

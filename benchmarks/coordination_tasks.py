@@ -23,6 +23,7 @@ import types
 import numpy as np
 from absl import flags
 
+from oscars_tf import cluster
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
@@ -232,7 +233,7 @@ def _chief_rounds(info, n, store, rates, t0, result):
       workers=[("worker", j, a) for j, a in enumerate(addresses)])
   member = membership.Membership(
       store, 0, n, STRAGGLER_S, 60.0, first_round_timeout=60.0,
-      is_gone=lambda j: membership.connection_refused(addresses[j]),
+      is_gone=lambda j: cluster.connection_refused(addresses[j]),
       distribution=FLAGS.distribution, relay=_relay(0, n))
   book = round_book.RoundBook(info, schedules.Adaptive(grouping="speed"),
                               membership=member)

@@ -1,4 +1,4 @@
-"""Tests for the sharded global sync: plan_changes.shard_layout (its rings)
+"""Tests for the sharded global sync: shard_layout.shard_layout (its rings)
 and runtime/sharded_sync.py (its sums, run on logical CPUs).
 
 The sums run in a child process: it needs six logical CPUs, and this
