@@ -40,13 +40,13 @@ def test_a_global_sync_over_64_hosts_goes_host_by_host():
   assert p.global_sync and p.groups == (tuple(range(n)),)
   keys = group_keys.GroupKeys(n)
   members = range(n)
-  round_parts.register_groups(keys, p, hosts, members)
+  layout = round_parts.register_groups(keys, p, hosts, members)
   sound = [True] * n
   table = np.zeros(n * len(records.FIELDS))
   leaders = set()
   for me in range(n):
     part = round_parts.part_of(me, 1, p, hosts, members, sound, keys, table,
-                               False)
+                               False, None, layout)
     assert part.is_global
     assert part.host_size == per_host and part.leaders_size == n // per_host
     assert part.is_leader == (me % per_host == 0)
@@ -76,13 +76,13 @@ def test_a_global_sync_over_625_hosts_adds_a_level_of_racks():
   p = config.plan(_table(_lognormal(n), hosts), 1)
   assert p.global_sync
   keys = group_keys.GroupKeys(n)
-  round_parts.register_groups(keys, p, hosts, range(n),
-                              planner.DEFAULT_MAX_GROUP_SIZE)
+  layout = round_parts.register_groups(keys, p, hosts, range(n),
+                                       planner.DEFAULT_MAX_GROUP_SIZE)
   sound = [True] * n
   table = np.zeros(n * len(records.FIELDS))
   parts = {me: round_parts.part_of(me, 1, p, hosts, range(n), sound, keys,
                                    table, False,
-                                   planner.DEFAULT_MAX_GROUP_SIZE)
+                                   planner.DEFAULT_MAX_GROUP_SIZE, layout)
            for me in range(0, n, per_host)}  # the host leaders
   racks = {part.leaders_key: part.leaders_size for part in parts.values()}
   assert len(racks) == 10 and max(racks.values()) <= 64

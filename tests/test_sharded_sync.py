@@ -179,13 +179,15 @@ def _child(case):
 
   def sum_once(members):
     plan = plan_changes.with_members(whole_plan, members)
-    round_parts.register_groups(keys, plan, hosts, members, max_leaders)
+    layout = round_parts.register_groups(keys, plan, hosts, members,
+                                         max_leaders)
     results, errors = {}, []
 
     def member(me):
       try:
         part = round_parts.part_of(me, 1, plan, hosts, members, [True] * n,
-                                   keys, np.zeros(1), False, max_leaders)
+                                   keys, np.zeros(1), False, max_leaders,
+                                   layout)
         sizes = [sum(hosts[j] == h for j in members) for h in set(hosts)]
         assert part.sharded and part.pieces == (
             min(sizes) if max_segments else

@@ -40,6 +40,7 @@ FIELD_ROUND = records.FIELDS.index("round")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
 PUBLISH_EVERY_S = 1.0
 
+
 class RoundBook:
   """The Python side of one worker's rounds."""
 

@@ -73,9 +73,6 @@ def multi_host(hosts):
   return len(set(hosts)) > 1
 
 
-_UNSET = object()
-
-
 def register_groups(group_keys, plan, hosts, members, max_leaders=None):
   """Keys for every group this round may use, in the same order on every
   member (see group_keys.py): the plan's, and across hosts each host's
@@ -100,13 +97,10 @@ def register_groups(group_keys, plan, hosts, members, max_leaders=None):
 
 
 def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
-            rejoining, max_leaders=None, layout=_UNSET):
+            rejoining, max_leaders, layout):
   """Worker `me`'s RoundPart under `plan`; `sound[j]`: worker j adds its
   model (a member, finite weights, not rejoining); `layout`: what
-  `register_groups` returned this round (computed again if not given)."""
-  if layout is _UNSET:
-    layout = (shard_layout.shard_layout(hosts, members, max_leaders)
-              if multi_host(hosts) else None)
+  `register_groups` returned this round."""
   group = plan.group_of(me)
   takes_model = not sound[me]
   if not any(sound[j] for j in group):
