@@ -146,6 +146,17 @@ def test_cost_aware_without_measurements_keeps_the_period():
       state)
 
 
+def test_cost_aware_keeps_its_cost_through_a_round_that_measured_none():
+  # A round whose collectives were new reports no cost (RoundBook): the
+  # floor stays where the rounds before put it.
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=0.5, base=None)
+  state = records.PlannerState(period=16, global_every=4)
+  state = rule.update(state, _cost_table([0.1, 0.1], [20.0, 20.0]), None)
+  nan = float("nan")
+  kept = rule.update(state, _cost_table([nan, nan], [20.0, 20.0]), None)
+  assert kept.sync_cost == pytest.approx(0.1) and kept.period == 18
+
+
 @pytest.mark.parametrize("kwargs", [{"max_overhead": 0}, {"max_overhead": 1},
                                     {"max_overhead": -0.1}, {"smoothing": 0},
                                     {"smoothing": 1.5}])

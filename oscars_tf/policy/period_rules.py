@@ -69,8 +69,11 @@ class CostAware:
   T = c * (1 - max_overhead) / max_overhead, times the fastest worker's
   rate. c is what the last worker to arrive at the previous averaging
   point spent there (it waited for no one: the exchange and the collective
-  only), smoothed over rounds. Cheap averaging (an even cluster on a fast
-  network) leaves the base rule free, down to every step with base=None;
+  only), smoothed over rounds; a round whose collectives TensorFlow met for
+  the first time (it resolves each group and instance once, a round trip
+  to the group's leader) measures nothing, as it says nothing of the next.
+  Cheap averaging (an even cluster on a fast network) leaves the base rule
+  free, down to every step with base=None;
   expensive averaging (slow links, a large model) stretches the rounds so
   the links do not set the pace. The period is bounded by
   `Adaptive.min_period` / `max_period` like every rule's.
@@ -126,11 +129,14 @@ class CostAware:
              if math.isfinite(e.sync_cost) and e.sync_cost > 0]
     rates = [e.rate for e in table.entries
              if math.isfinite(e.rate) and e.rate > 0]
-    if not costs or not rates:
+    if not rates or not (costs or math.isfinite(state.sync_cost)):
       return None, None
-    cost = min(costs)  # the last to arrive: no wait for others in it
-    if math.isfinite(state.sync_cost):
-      cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
+    if not costs:  # no round measured (collectives met for the first time)
+      cost = state.sync_cost
+    else:
+      cost = min(costs)  # the last to arrive: no wait for others in it
+      if math.isfinite(state.sync_cost):
+        cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
     budget = cost * (1 - self.max_overhead) / self.max_overhead
     return max(1.0, math.ceil(budget * max(rates))), cost
 

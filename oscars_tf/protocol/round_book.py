@@ -98,6 +98,8 @@ class RoundBook:
     self.last_sync_step = 0  # local step of the last average (Python's)
     self._last_divergence = math.nan
     self._last_sync_cost = math.nan  # arrival to averaged, last round
+    self._collectives = round_parts.MetCollectives()
+    self._first_meeting = False  # this round's averaging meets a new one
     self.group_keys = group_keys_lib.GroupKeys(self.n)
     # Multi-worker: who is in each round (None: one worker, always alone).
     self.membership = membership
@@ -231,6 +233,7 @@ class RoundBook:
         self.group_keys, rows.reshape(-1), bool(decision.newcomers),
         self._max_leaders, layout)
     self._sharded = part.is_global and part.sharded
+    self._first_meeting = self._collectives.first_meeting(part)
     return part
 
   def _adopt(self, decision):
@@ -264,7 +267,7 @@ class RoundBook:
     wait, comm = self._t_table - self._t_arrive, now - self._t_table
     self.totals["wait_s"] += wait
     self.totals["comm_s"] += comm
-    self._last_sync_cost = wait + comm
+    self._last_sync_cost = math.nan if self._first_meeting else wait + comm
     self.totals["bytes_sent"] += bytes_sent
     self.totals["collectives"] += 1
     self._last_divergence = divergence

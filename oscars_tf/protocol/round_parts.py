@@ -120,6 +120,44 @@ def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
       *_shard_part(me, layout, group_keys))
 
 
+class MetCollectives:
+  """The collectives (a group key and the cut it carries) a worker's
+  averagings ran. TensorFlow resolves a group and an instance the first
+  time it meets them, a round trip through the group's leader that on a
+  loaded machine costs several averagings: RoundBook does not count such
+  a round as the averaging's cost (CostAware's floor)."""
+
+  LIMIT = 4096  # regrouping reuses groupings; this only bounds memory
+
+  def __init__(self):
+    self._met = set()
+
+  def first_meeting(self, part):
+    """Whether the averaging under `part` runs one not met before."""
+    used = collectives_of(part)
+    new = not used <= self._met
+    if len(self._met) + len(used) > self.LIMIT:
+      self._met.clear()
+    self._met |= used
+    return new
+
+
+def collectives_of(part):
+  """The collectives of one worker's averaging under `part`."""
+  if not part.is_global or part.host_key == 0:  # a group, or one host
+    return {(part.group_key,)} if part.group_size > 1 else set()
+  if part.sharded:
+    cut = (part.pieces, part.cut_denominator, tuple(part.segment_cuts))
+    return {(key, cut) for key in (part.host_key,) + tuple(
+        part.segment_keys) + tuple(part.segment_top_keys) if key}
+  keys = {(part.host_key,)} if part.host_size > 1 else set()
+  if part.is_leader and part.leaders_size > 1:
+    keys.add((part.leaders_key,))
+  if part.is_rack_leader and part.racks_size > 1:
+    keys.add((part.racks_key,))
+  return keys
+
+
 def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
   """Hierarchical-sync fields of worker `me` (used for a global sync across
   hosts; on one host, placeholders)."""
