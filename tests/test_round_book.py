@@ -131,6 +131,21 @@ def test_another_cut_or_grouping_is_a_new_collective(hosts):
   assert met.first_meeting(other[0])
 
 
+def test_collectives_of_follow_what_the_graph_launches():
+  parts, _ = _round(_books(("a", "b"), schedules.Fixed(4)), steps=[4, 4])
+  part = parts[0]._replace(sharded=False, host_size=1, is_leader=True,
+                           is_rack_leader=True, racks_size=1)
+  # A host of one leader still runs its leaders' ring (averaging.py).
+  assert round_parts.collectives_of(part) == {(part.leaders_key,)}
+  # A rejoin round also sums the shared state over the flat group.
+  rejoin = part._replace(rejoining=True)
+  assert round_parts.collectives_of(rejoin) == {
+      (part.leaders_key,), (part.group_key, "shared")}
+  met = round_parts.MetCollectives()
+  assert met.first_meeting(part) and not met.first_meeting(part)
+  assert met.first_meeting(rejoin)
+
+
 def test_one_worker_needs_no_store_and_averages_alone():
   info = types.SimpleNamespace(worker_index=0, num_workers=1,
                                workers=[("worker", 0, "a:1")],

@@ -157,6 +157,25 @@ def test_cost_aware_keeps_its_cost_through_a_round_that_measured_none():
   assert kept.sync_cost == pytest.approx(0.1) and kept.period == 18
 
 
+def test_cost_aware_counts_no_cost_of_a_round_a_member_could_not_measure():
+  # A member that met a new collective reports none; the others waited
+  # for its setup in a global sync, so their costs are not the averaging's.
+  rule = schedules.CostAware(max_overhead=0.1, smoothing=0.5, base=None)
+  state = records.PlannerState(period=16, global_every=4, sync_cost=0.1)
+  nan = float("nan")
+  entries = (records.TableEntry(rate=20.0, round=5, sync_cost=0.7),
+             records.TableEntry(rate=20.0, round=5, sync_cost=nan),
+             records.TableEntry(rate=20.0, round=5, sync_cost=0.8))
+  table = records.StepRateTable(entries, ("h",) * 3)
+  assert rule.update(state, table, None).sync_cost == pytest.approx(0.1)
+  # A row from an earlier round (a worker dropped since) is not this
+  # round's: its missing cost does not void the others'.
+  entries = entries[:1] + (records.TableEntry(rate=20.0, round=2),) + (
+      entries[2:])
+  table = records.StepRateTable(entries, ("h",) * 3)
+  assert rule.update(state, table, None).sync_cost == pytest.approx(0.4)
+
+
 @pytest.mark.parametrize("kwargs", [{"max_overhead": 0}, {"max_overhead": 1},
                                     {"max_overhead": -0.1}, {"smoothing": 0},
                                     {"smoothing": 1.5}])

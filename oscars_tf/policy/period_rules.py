@@ -69,9 +69,10 @@ class CostAware:
   T = c * (1 - max_overhead) / max_overhead, times the fastest worker's
   rate. c is what the last worker to arrive at the previous averaging
   point spent there (it waited for no one: the exchange and the collective
-  only), smoothed over rounds; a round whose collectives TensorFlow met for
-  the first time (it resolves each group and instance once, a round trip
-  to the group's leader) measures nothing, as it says nothing of the next.
+  only), smoothed over rounds; a round in which any member met a collective
+  for the first time (TensorFlow resolves each group and instance once, a
+  round trip to the group's leader; its row then has no cost) measures
+  nothing, as it says nothing of the next.
   Cheap averaging (an even cluster on a fast network) leaves the base rule
   free, down to every step with base=None;
   expensive averaging (slow links, a large model) stretches the rounds so
@@ -125,8 +126,11 @@ class CostAware:
   def cost_floor(self, state, table):
     """(the shortest period the cost allows, the smoothed cost), or
     (None, None) before both a cost and a rate are measured."""
-    costs = [e.sync_cost for e in table.entries
-             if math.isfinite(e.sync_cost) and e.sync_cost > 0]
+    newest = max((e.round for e in table.entries), default=-1)
+    costs = [e.sync_cost for e in table.entries if e.round == newest]
+    if not all(math.isfinite(c) for c in costs):
+      costs = []  # someone met a collective for the first time: all waited
+    costs = [c for c in costs if c > 0]
     rates = [e.rate for e in table.entries
              if math.isfinite(e.rate) and e.rate > 0]
     if not rates or not (costs or math.isfinite(state.sync_cost)):

@@ -124,8 +124,9 @@ class MetCollectives:
   """The collectives (a group key and the cut it carries) a worker's
   averagings ran. TensorFlow resolves a group and an instance the first
   time it meets them, a round trip through the group's leader that on a
-  loaded machine costs several averagings: RoundBook does not count such
-  a round as the averaging's cost (CostAware's floor)."""
+  loaded machine costs several averagings: such a round's row reports no
+  averaging cost, and CostAware counts no cost of a round in which any
+  member's row has none (a global sync waits for every member's setup)."""
 
   LIMIT = 4096  # regrouping reuses groupings; this only bounds memory
 
@@ -143,19 +144,22 @@ class MetCollectives:
 
 
 def collectives_of(part):
-  """The collectives of one worker's averaging under `part`."""
+  """The collectives of one worker's averaging under `part`, as
+  distribute/rounds.py and runtime/ launch them."""
+  shared = {(part.group_key, "shared")} if (
+      part.rejoining and part.group_size > 1) else set()
   if not part.is_global or part.host_key == 0:  # a group, or one host
-    return {(part.group_key,)} if part.group_size > 1 else set()
+    return shared | ({(part.group_key,)} if part.group_size > 1 else set())
   if part.sharded:
     cut = (part.pieces, part.cut_denominator, tuple(part.segment_cuts))
-    return {(key, cut) for key in (part.host_key,) + tuple(
+    return shared | {(key, cut) for key in (part.host_key,) + tuple(
         part.segment_keys) + tuple(part.segment_top_keys) if key}
   keys = {(part.host_key,)} if part.host_size > 1 else set()
-  if part.is_leader and part.leaders_size > 1:
+  if part.is_leader:  # its leaders' ring runs even with one member
     keys.add((part.leaders_key,))
-  if part.is_rack_leader and part.racks_size > 1:
-    keys.add((part.racks_key,))
-  return keys
+    if part.is_rack_leader and part.racks_size > 1:
+      keys.add((part.racks_key,))
+  return shared | keys
 
 
 def _host_part(me, plan, hosts, members, sound, group_keys, max_leaders):
