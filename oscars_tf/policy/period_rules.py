@@ -8,6 +8,8 @@ them under the same names. Pure policy: no TensorFlow.
 import dataclasses
 import math
 
+import numpy as np
+
 
 def positive_int(name, value, owner):
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,23 +128,27 @@ class CostAware:
   def cost_floor(self, state, table):
     """(the shortest period the cost allows, the smoothed cost), or
     (None, None) before both a cost and a rate are measured."""
-    newest = max((e.round for e in table.entries), default=-1)
-    costs = [e.sync_cost for e in table.entries if e.round == newest]
-    if not all(math.isfinite(c) for c in costs):
-      costs = []  # someone met a collective for the first time: all waited
-    costs = [c for c in costs if c > 0]
-    rates = [e.rate for e in table.entries
-             if math.isfinite(e.rate) and e.rate > 0]
-    if not rates or not (costs or math.isfinite(state.sync_cost)):
+    # Column by column: 10,000 rows a Python test each took 15 ms a plan.
+    entries = table.entries
+    rounds = np.fromiter((e.round for e in entries), float, len(entries))
+    costs = np.fromiter((e.sync_cost for e in entries), float, len(entries))
+    rates = np.fromiter((e.rate for e in entries), float, len(entries))
+    costs = costs[rounds == rounds.max()] if len(entries) else costs
+    if not np.isfinite(costs).all():
+      costs = costs[:0]  # someone met a collective for the first time
+    costs = costs[costs > 0]
+    with np.errstate(invalid="ignore"):
+      rates = rates[np.isfinite(rates) & (rates > 0)]
+    if not rates.size or not (costs.size or math.isfinite(state.sync_cost)):
       return None, None
-    if not costs:  # no round measured (collectives met for the first time)
+    if not costs.size:  # no round measured (collectives met for the first time)
       cost = state.sync_cost
     else:
-      cost = min(costs)  # the last to arrive: no wait for others in it
+      cost = float(costs.min())  # the last to arrive: no wait for others
       if math.isfinite(state.sync_cost):
         cost = self.smoothing * cost + (1 - self.smoothing) * state.sync_cost
     budget = cost * (1 - self.max_overhead) / self.max_overhead
-    return max(1.0, math.ceil(budget * max(rates))), cost
+    return max(1.0, math.ceil(budget * float(rates.max()))), cost
 
   def config(self):
     return {"rule": "CostAware", "max_overhead": self.max_overhead,
