@@ -35,6 +35,10 @@ acknowledged post nothing (protocol/host_arrivals.py), and the leader
 reads the round's changes and passes them to the host's others in a file
 (protocol/host_relay.py): the real code on both sides.
 
+`--dedicated_service` hosts the service in one more process, the
+cluster's `coordinator` task (oscars_tf/coordinator.py), instead of in the
+chief's: its CPU per slot is then reported apart ("service ms").
+
 Per N: the chief's round CPU time (`time.process_time`: all its threads,
 the `--concurrent_reads` readers and the service it hosts among them;
 its main thread's alone too) and wall time; the chief process's CPU over
@@ -94,13 +98,15 @@ def measure(n, log):
   command += [f"--{k}={getattr(FLAGS, k)}" for k in (
       "rounds", "slot_s", "chief_at", "read_at", "sigma", "seed",
       "distribution", "death_round", "start_timeout_s",
-      "clients_per_process", "concurrent_reads", "workers_per_host")]
+      "clients_per_process", "concurrent_reads", "workers_per_host",
+      "dedicated_service")]
   env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
   t0 = time.time()
   with worker_processes.Signals() as signals:
     job = worker_processes.Job(
         command, coordination_tasks.processes_for(
-            n, FLAGS.clients_per_process), env=env, out=log)
+            n, FLAGS.clients_per_process), env=env, out=log,
+        coordinator_command=command if FLAGS.dedicated_service else None)
     pids = [p.pid for p in job.procs]
     try:
       codes, failed = job.wait(
@@ -117,9 +123,11 @@ def measure(n, log):
                          f"output is in {log.name}")
     workers = [json.loads((pathlib.Path(out) / f"worker{j}.json").read_text(
         encoding="utf-8")) for j in range(n)]
+    service = (json.loads((pathlib.Path(out) / "service.json").read_text(
+        encoding="utf-8")) if FLAGS.dedicated_service else None)
   finally:
     shutil.rmtree(out)
-  return summarize(n, workers, workers[0]["t0"] - t0, pids)
+  return summarize(n, workers, workers[0]["t0"] - t0, pids, service)
 
 
 def _median_count(clients, measured, flag):
@@ -128,9 +136,10 @@ def _median_count(clients, measured, flag):
       for r in measured)
 
 
-def summarize(n, tasks, start_s, pids):
+def summarize(n, tasks, start_s, pids, service=None):
   """Medians over the measured rounds (warm-up and death round out);
-  `tasks`: each logical worker's measurements, the chief's first."""
+  `tasks`: each logical worker's measurements, the chief's first;
+  `service`: the coordinator task's (--dedicated_service), or None."""
   chief, clients = tasks[0], tasks[1:]
   measured = [r for r in range(FLAGS.warmup, FLAGS.rounds)
               if r != FLAGS.death_round]
@@ -189,11 +198,22 @@ def summarize(n, tasks, start_s, pids):
       "chief_rss_mb": chief["rss_mb"],
       "chief_private_mb": chief["private_mb"],
       "dropped": sum(v["dropped"] for v in rounds.values()),
+      "dedicated_service": service is not None,
+      "service_slot_cpu_ms": (statistics.median(
+          service["slot_cpu_ms"][str(r)] for r in measured)
+                              if service else None),
       "pids": pids}
   if 0 <= FLAGS.death_round < FLAGS.rounds:
     summary["death_round_chief_wall_ms"] = (
         rounds[FLAGS.death_round]["chief_wall_ms"])
   return summary
+
+
+def service_ms(summary):
+  """The coordinator task's CPU per slot, or where the service ran."""
+  if summary["service_slot_cpu_ms"] is None:
+    return "in chief"
+  return f"{summary['service_slot_cpu_ms']:.1f}"
 
 
 def main(argv):
@@ -215,7 +235,7 @@ def main(argv):
         f"{FLAGS.workers_per_host or 'all'} workers per host; "
         f"{FLAGS.rounds - FLAGS.warmup} measured rounds)")
   head = (f"{'N':>5} {'procs':>5} {'chief CPU ms all/main':>21} "
-          f"{'slot CPU ms':>11} {'chief wall ms':>13} "
+          f"{'slot CPU ms':>11} {'service ms':>10} {'chief wall ms':>13} "
           f"{'get ms p50/p99':>15} {'set ms p50/p99':>15} {'KV ops':>7} "
           f"{'out KB':>7} {'client MB RSS/own':>17} {'start s':>7}")
   print(head)
@@ -243,7 +263,8 @@ def main(argv):
     shared_mb = s["client_peak_rss_mb"] - s["client_private_mb"]
     print(f"{n:>5} {s['processes']:>5} "
           f"{s['chief_cpu_ms']:>13.1f}/{s['chief_main_cpu_ms']:<7.1f} "
-          f"{s['chief_slot_cpu_ms']:>11.1f} {s['chief_wall_ms']:>13.1f} "
+          f"{s['chief_slot_cpu_ms']:>11.1f} "
+          f"{service_ms(s):>10} {s['chief_wall_ms']:>13.1f} "
           f"{s['client_get_ms_p50']:>7.2f}/{s['client_get_ms_p99']:<7.2f} "
           f"{s['client_set_ms_p50']:>7.2f}/{s['client_set_ms_p99']:<7.2f} "
           f"{s['kv_ops']:>7.0f} {1e3 * s['bytes_out_of_chief_mb']:>7.1f} "
@@ -260,7 +281,7 @@ def main(argv):
                      "clients", "rounds", "warmup", "slot_s", "chief_at",
                      "read_at", "sigma", "seed", "distribution",
                      "concurrent_reads", "clients_per_process",
-                     "workers_per_host",
+                     "workers_per_host", "dedicated_service",
                      "death_round")},
                  "stopped": stopped, "results": results}, f, indent=1)
   return 0

@@ -15,6 +15,7 @@ plans its own, at no cost to the service). Rates are SIMULATED.
 import json
 import os
 import pathlib
+import signal
 import sys
 import threading
 import time
@@ -60,6 +61,10 @@ flags.DEFINE_integer("workers_per_host", 0, "Logical workers per logical "
                      "chief reads one key a host (protocol/host_arrivals.py"
                      "); the leader passes the decision on in a file "
                      "(protocol/host_relay.py).")
+flags.DEFINE_boolean("dedicated_service", False, "Host the coordination "
+                     "service in a task of its own (the cluster's "
+                     "`coordinator`, as oscars-launch --coordinator does) "
+                     "instead of the chief's process.")
 flags.DEFINE_integer("workers_total", 0, "Internal: N, the logical workers "
                      "of the tasks' cluster (set in the tasks).")
 FLAGS = flags.FLAGS
@@ -162,6 +167,8 @@ def run_task():
   limit_s = FLAGS.start_timeout_s + FLAGS.rounds * FLAGS.slot_s + 60
   threading.Timer(limit_s, os._exit, (124,)).start()  # pylint: disable=protected-access
   info = cluster.from_tf_config()
+  if info.is_coordinator:
+    _service_task(info)
   task, tasks = info.worker_index, info.num_workers
   n = FLAGS.workers_total or tasks
   server.start(info, heartbeat_timeout_s=FLAGS.start_timeout_s,
@@ -219,6 +226,33 @@ def run_task():
   os._exit(0)  # pylint: disable=protected-access
 
 
+def _service_task(info):
+  """The `coordinator` task (--dedicated_service): hosts the service and
+  measures its process's CPU per slot, all of it serving the others."""
+  from oscars_tf.runtime import server  # pylint: disable=g-import-not-at-top
+  server.start(info, heartbeat_timeout_s=FLAGS.start_timeout_s,
+               register_timeout_s=FLAGS.start_timeout_s)
+  # The launcher stops a server task once the workers are done: this one
+  # still has its measurements to write (within the launcher's grace).
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  store = kv_store.ContextStore()
+  t0 = float(store.get(f"{BENCH}start", FLAGS.start_timeout_s))
+  slots = {}
+  _sleep_until(t0)
+  cpu0 = time.process_time()
+  for r in range(FLAGS.rounds):
+    _sleep_until(t0 + (r + 1) * FLAGS.slot_s)
+    cpu = time.process_time()
+    slots[r] = 1e3 * (cpu - cpu0)
+    cpu0 = cpu
+  store.get(f"{BENCH}chief_done", 120.0)  # the last client is done too
+  path = pathlib.Path(FLAGS.task_out) / "service.json"
+  path.write_text(json.dumps({"slot_cpu_ms": slots, "pid": os.getpid(),
+                              "rss_mb": _memory_mb()[0]}), encoding="utf-8")
+  sys.stdout.flush()
+  os._exit(0)  # pylint: disable=protected-access
+
+
 def _chief_rounds(info, n, store, rates, t0, result):
   """The chief's real round book over the N logical workers; a light
   client's address is its process's (gone when that process is)."""
@@ -266,6 +300,8 @@ def _chief_rounds(info, n, store, rates, t0, result):
     _write_planned_steps(r + 1, book.plan.local_steps)
   store.round = -1
   member.wait_until_done(30.0)
+  if FLAGS.dedicated_service:  # the service's task may go
+    store.store.set(f"{BENCH}chief_done", "1")
 
 
 def _write_planned_steps(round_, local_steps):
@@ -365,6 +401,5 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
                            "decode_ms": 1e3 * (time.thread_time() - cpu0),
                            "posted": posted, "from_file": from_file}
   store.round = -1
-  # As a member says it at its exit: the chief, which hosts the store,
-  # may go.
+  # As a member says it at its exit: the chief (and the service) may go.
   kv_store.put(store, f"{membership.PREFIX}done/{me}", "1")

@@ -5,7 +5,11 @@ and validated up front, so that a user mistake becomes one clear error here
 instead of a hang or a traceback from inside TensorFlow's runtime.
 
 Workers are the tasks of the `chief` and `worker` jobs, chief first (the same
-numbering as `MultiWorkerMirroredStrategy`); worker 0 is the chief.
+numbering as `MultiWorkerMirroredStrategy`); worker 0 is the chief. An
+optional `coordinator` job of one task hosts TensorFlow's coordination
+service instead of the chief (`python -m oscars_tf.coordinator`), so that
+at hundreds of workers the chief's process does not serve every worker's
+requests.
 `connection_refused` tells whether a worker's process is gone.
 """
 
@@ -18,6 +22,12 @@ from typing import Dict, List, Optional, Tuple
 from oscars_tf.errors import ClusterConfigError
 
 WORKER_JOBS = ("chief", "worker")
+COORDINATOR_JOB = "coordinator"
+COORDINATOR_TASK_TRAINS_NOT = (
+    "this task is the cluster's 'coordinator': it hosts TensorFlow's "
+    "coordination service and trains nothing. Run `python -m "
+    "oscars_tf.coordinator` there instead of the training script "
+    "(oscars-launch --coordinator does).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +55,22 @@ class ClusterInfo:
     return len(self.workers)
 
   @property
+  def is_coordinator(self) -> bool:
+    """Whether this task hosts the coordination service and trains not."""
+    return self.task_type == COORDINATOR_JOB
+
+  @property
+  def service_leader(self) -> str:
+    """The task hosting the coordination service: the coordinator task if
+    the cluster has one, else the chief."""
+    if COORDINATOR_JOB in self.jobs:
+      return f"/job:{COORDINATOR_JOB}/replica:0/task:0"
+    return self.device_prefix(0)
+
+  @property
   def worker_index(self) -> int:
+    if self.is_coordinator:
+      raise ClusterConfigError(COORDINATOR_TASK_TRAINS_NOT)
     for i, (job, task, _) in enumerate(self.workers):
       if (job, task) == (self.task_type, self.task_id):
         return i
@@ -101,15 +126,27 @@ def from_dict(cluster: dict, task_type, task_id, rpc_layer="grpc",
     for i, a in enumerate(addresses):
       _check_address(job, i, a)
     jobs[job] = tuple(addresses)
-  other = sorted(set(jobs) - set(WORKER_JOBS))
+  other = sorted(set(jobs) - set(WORKER_JOBS) - {COORDINATOR_JOB})
   if other:
     raise ClusterConfigError(
-        f"{source}: OscarsStrategy trains with 'chief' and 'worker' jobs only; "
-        f"got job(s) {other} (parameter servers and evaluators are not used).")
+        f"{source}: OscarsStrategy trains with 'chief' and 'worker' jobs "
+        f"(and an optional '{COORDINATOR_JOB}' task) only; got job(s) "
+        f"{other} (parameter servers and evaluators are not used).")
+  if len(jobs.get(COORDINATOR_JOB, ())) > 1:
+    raise ClusterConfigError(
+        f"{source}: at most one '{COORDINATOR_JOB}' task is allowed (it "
+        f"hosts the coordination service), got "
+        f"{len(jobs[COORDINATOR_JOB])}.")
+  if COORDINATOR_JOB in jobs and sum(
+      len(jobs.get(j, ())) for j in WORKER_JOBS) < 2:
+    raise ClusterConfigError(
+        f"{source}: a '{COORDINATOR_JOB}' task serves a cluster of two or "
+        "more workers; this one has fewer.")
   if len(jobs.get("chief", ())) > 1:
     raise ClusterConfigError(f"{source}: at most one 'chief' task is allowed, "
                              f"got {len(jobs['chief'])}.")
-  every = [a for job in WORKER_JOBS for a in jobs.get(job, ())]
+  every = [a for job in WORKER_JOBS + (COORDINATOR_JOB,)
+           for a in jobs.get(job, ())]
   dupes = sorted({a for a in every if every.count(a) > 1})
   if dupes:
     raise ClusterConfigError(f"{source}: address(es) {dupes} appear more than "

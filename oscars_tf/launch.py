@@ -37,7 +37,8 @@ import time
 
 from absl import app, flags
 
-from oscars_tf.tools import cpu_limits, emulation, netns, worker_netns
+from oscars_tf.tools import (command_help, cpu_limits, emulation, netns,
+                             worker_netns)
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
     FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
 
@@ -50,13 +51,13 @@ DESCRIPTION = (
     "a signal.")
 # --help lists the flags in these sections, in this order.
 SECTIONS = (
-    ("cluster", ("num_workers", "num_ps", "timeout", "tf_log_level")),
+    ("cluster", ("num_workers", "num_ps", "coordinator", "timeout",
+                 "tf_log_level")),
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host", "bandwidth")),
     ("emulation", ("simulate_step_time", "cpu_limit", "cpu_limit_from")),
 )
-HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
 # TensorFlow's C++ runtime logs a dozen INFO and WARNING lines per worker at
 # start-up (CUDA probing, CPU features, oneDNN, absl::InitializeLog); level 2
 # keeps errors. gRPC's own logging likewise.
@@ -77,6 +78,15 @@ def define_flags(flag_values=FLAGS):
       "--grace_seconds) and the chief's exit code is the job's. Per-worker "
       "settings (--simulate_step_time) apply to the `worker` tasks by "
       "index.", lower_bound=0, **fv)
+  flags.DEFINE_boolean(
+      "coordinator", False, "Start one more task, the cluster's "
+      "`coordinator` (log prefix [coordinator]), that hosts TensorFlow's "
+      "coordination service instead of the chief (python -m "
+      "oscars_tf.coordinator): then the chief's process does not serve "
+      "every worker's requests, which matters at hundreds of workers. It "
+      "trains nothing; it is stopped when the workers are done, and its "
+      "death ends the job as the chief's does. Not with ps tasks or an "
+      "emulated network.", **fv)
   flags.DEFINE_float("timeout", 0.0, "Stop the whole job after this many "
                      "seconds (0: no limit).", lower_bound=0, **fv)
   flags.DEFINE_integer(
@@ -170,20 +180,7 @@ def define_flags(flag_values=FLAGS):
 
 def help_text(flag_values=FLAGS):
   """The launcher's --help: usage, description, flags by section."""
-  lines = [f"usage: {USAGE}", "", DESCRIPTION, ""]
-  for title, names in SECTIONS:
-    lines.append(f"{title}:")
-    for name in names:
-      flag = flag_values[name]
-      dashes = f"--[no]{name}" if flag.boolean else f"--{name}"
-      lines.append(flags.text_wrap(f"{dashes}: {flag.help}", indent="    ",
-                                   firstline_indent="  "))
-      syntax = flag.parser.syntactic_help
-      lines.append(f"    (default: {flag.default_as_str}"
-                   f"{'; ' + syntax if syntax else ''})")
-    lines.append("")
-  lines.append("absl's own flags (logging, --flagfile): --helpfull.")
-  return "\n".join(lines)
+  return command_help.help_text(USAGE, DESCRIPTION, SECTIONS, flag_values)
 
 
 def quiet_env(environ, tf_log_level=None):
@@ -246,8 +243,25 @@ def _worker_env():
   return env
 
 
+def _coordinator_command():
+  """The coordinator task's command (--coordinator), or None."""
+  if not FLAGS.coordinator:
+    return None
+  if FLAGS.num_ps or FLAGS.network == "emulated":
+    raise app.UsageError(
+        "--coordinator: not with "
+        f"{'--num_ps' if FLAGS.num_ps else '--network=emulated'} (a "
+        "ParameterServerStrategy job has its own chief; emulated links are "
+        "per worker).")
+  if FLAGS.num_workers < 2:
+    raise app.UsageError("--coordinator: needs --num_workers of 2 or more "
+                         "(one worker has no coordination service).")
+  return [sys.executable, "-m", "oscars_tf.coordinator"]
+
+
 def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
+  coordinator = _coordinator_command()
   _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
@@ -264,7 +278,8 @@ def _run(command):
       attempt = restarts + lost_peer_restarts
       job = Job(command, FLAGS.num_workers, FLAGS.host,
                 env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
-                num_ps=FLAGS.num_ps, **emulation.job_arguments(
+                num_ps=FLAGS.num_ps, coordinator_command=coordinator,
+                **emulation.job_arguments(
                     FLAGS.num_workers, FLAGS.num_ps, spaces, limits))
       left = (None if deadline is None else
               max(deadline - time.monotonic(), 0.01))
@@ -310,7 +325,7 @@ def _run(command):
           f"{sorted(job.tasks[i][1] for i in job.lost)}, lost during "
           "training.", file=sys.stderr)
     return 0
-  if job.servers:
+  if FLAGS.num_ps:
     print(f"oscars-launch: the chief finished; stopped the "
           f"{FLAGS.num_workers} worker and {FLAGS.num_ps} ps servers.",
           file=sys.stderr)
@@ -348,30 +363,13 @@ def main(argv):
     return 1
 
 
-def _parse_flags(argv):
-  """absl's flag parsing, but -h/--help print help_text() and exit 0.
-
-  absl's --help lists only the "key flags" of __main__, which for the
-  console script is the entry-point wrapper: it would list none. Help flags
-  after `--` belong to the worker command.
-  """
-  ours = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-  if any(arg in HELP_ARGS for arg in ours):
-    try:
-      print(help_text(), flush=True)
-    except BrokenPipeError:  # `oscars-launch --help | head`
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    sys.exit(0)
-  return app.parse_flags_with_usage(argv)
-
-
 def run():
   define_flags()
   # absl's --helpfull starts with __main__'s docstring; the console-script
   # wrapper has none.
   if not sys.modules["__main__"].__doc__:
     sys.modules["__main__"].__doc__ = f"usage: {USAGE}\n\n{DESCRIPTION}\n"
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=command_help.flags_parser(help_text))
 
 
 if __name__ == "__main__":

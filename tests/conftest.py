@@ -31,7 +31,8 @@ tf.config.set_logical_device_configuration(
 # protocol and single-process tests) as the edit-test loop.
 SLOW_MODULES = frozenset({
     "test_adaptive", "test_benchmark_smoke", "test_cli_help",
-    "test_control_plane_tf", "test_cpu_limit_from_ready", "test_cpu_limits",
+    "test_control_plane_tf", "test_coordinator", "test_cpu_limit_from_ready",
+    "test_cpu_limits",
     "test_faults", "test_frontends",
     "test_frontends_keras3", "test_launch", "test_launch_emulated",
     "test_launch_ps", "test_multiworker", "test_netns", "test_observability",

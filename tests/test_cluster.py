@@ -43,10 +43,31 @@ def test_chief_comes_first():
     (_config({"worker": []}), "at least one"),
     (_config({"worker": ["h:1"], "ps": ["h:2"]}), "'chief' and 'worker'"),
     (_config({"chief": ["h:1", "h:2"]}, "chief"), "at most one 'chief'"),
+    (_config({"worker": ["h:1", "h:2"], "coordinator": ["h:3", "h:4"]}),
+     "at most one 'coordinator'"),
+    (_config({"worker": ["h:1"], "coordinator": ["h:3"]}), "two or more"),
+    (_config({"worker": ["h:1", "h:2"], "coordinator": ["h:2"]}),
+     "more than once"),
 ])
 def test_bad_tf_config_is_a_clear_error(text, match):
   with pytest.raises(ClusterConfigError, match=match):
     cluster.from_tf_config(text)
+
+
+def test_a_coordinator_task_hosts_the_service_and_is_no_worker():
+  spec = {"chief": ["h:1"], "worker": ["h:2"], "coordinator": ["h:9"]}
+  worker = cluster.from_tf_config(_config(spec, "worker", 0))
+  assert worker.num_workers == 2 and worker.worker_index == 1
+  assert worker.service_leader == "/job:coordinator/replica:0/task:0"
+  assert not worker.is_coordinator
+  host = cluster.from_tf_config(_config(spec, "coordinator", 0))
+  assert host.is_coordinator and host.address == "h:9"
+  assert host.num_workers == 2 and host.workers[0][2] == "h:1"
+  with pytest.raises(ClusterConfigError, match="python -m oscars_tf.coordi"):
+    host.worker_index  # pylint: disable=pointless-statement  # noqa: B018
+  # Without one, the chief hosts it.
+  plain = cluster.from_tf_config(_config({"worker": ["h:1", "h:2"]}))
+  assert plain.service_leader == "/job:worker/replica:0/task:0"
 
 
 def test_resolver_path():

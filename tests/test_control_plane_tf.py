@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -20,12 +22,17 @@ def _alive(pid):
   return True
 
 
-def test_four_tasks_over_the_real_service_measure_and_end(tmp_path):
+# --dedicated_service: the service in a `coordinator` task of its own
+# (oscars_tf/coordinator.py's setup), not in the chief's process.
+@pytest.mark.parametrize("dedicated", [False, True])
+def test_four_tasks_over_the_real_service_measure_and_end(tmp_path,
+                                                          dedicated):
   out = tmp_path / "cp_tf.json"
   proc = subprocess.run(
       [sys.executable, str(ROOT / "benchmarks" / "control_plane_tf.py"),
        "--clients=4", "--rounds=5", "--warmup=1", "--slot_s=0.5",
        "--death_round=3", f"--log={tmp_path / 'tasks.log'}",
+       f"--dedicated_service={dedicated}",
        f"--result_json={out}"], capture_output=True, text=True, timeout=170,
       cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -43,8 +50,12 @@ def test_four_tasks_over_the_real_service_measure_and_end(tmp_path):
   assert r["client_get_ms_p50"] > 0 and r["client_set_ms_p50"] > 0, r
   assert r["dropped"] == 1, r  # the client that exited, seen gone
   assert r["client_private_mb"] > 0 and r["chief_rss_mb"] > 0, r
-  assert len(r["pids"]) == n
+  assert len(r["pids"]) == n + dedicated
   assert not [p for p in r["pids"] if _alive(p)], r["pids"]
+  assert r["dedicated_service"] == dedicated
+  assert (r["service_slot_cpu_ms"] > 0 if dedicated else
+          r["service_slot_cpu_ms"] is None), r
+  assert ("in chief" in proc.stdout) != dedicated, proc.stdout
 
 
 def test_light_clients_as_threads_count_as_workers_and_die_with_their_process(

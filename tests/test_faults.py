@@ -132,3 +132,65 @@ def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
   assert sorted(finals) == [0, 1, 2], out[-2000:]
   assert finals[0] == finals[1] == finals[2], finals
   assert "rejoins at round" in out + err
+
+
+def _coordinator_of(launcher):
+  """{"pid": ...} once the launcher's coordinator task runs."""
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode(errors="replace").split("\0")
+      with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        parent = int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    if parent == launcher.pid and "oscars_tf.coordinator" in argv:
+      return int(pid)
+  return None
+
+
+def test_with_a_coordinator_task_a_killed_worker_is_dropped(tmp_path):
+  # oscars-launch --coordinator: the service runs in a task of its own,
+  # not in the chief; the protocol is the same. One SIMULATED slow worker.
+  args = [a for a in TRAIN_ARGS if not a.startswith("--simulate")]
+  job = faults.launch(3, args + [
+      "--epochs=6", "--simulate_step_time=50ms*1,1,3",
+      f"--checkpoint_dir={tmp_path / 'ckpt'}",
+      f"--result_json={tmp_path / 'r.json'}"],
+      ["--coordinator", "--timeout=200"])
+  try:
+    faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 2, 150,
+                    "epoch 2", job)
+    assert _coordinator_of(job) is not None
+    victim = faults.workers_of(str(tmp_path / "ckpt"))[1]
+    os.kill(victim, signal.SIGKILL)
+    out, err = faults.finish(job, 200)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 0, err[-3000:]
+  assert "worker 1 was killed by SIGKILL; the others go on" in err
+  assert "[coordinator]" in err and "coordination service of 3 workers" in err
+  result = json.loads((tmp_path / "r.json").read_text())
+  assert result["final_members"] == [0, 2]
+  assert [c["epoch"] for c in result["curve"]][-1] == 6
+  finals = faults.final_lines(out)
+  assert sorted(finals) == [0, 2] and finals[0] == finals[2], finals
+
+
+def test_the_coordinator_tasks_death_ends_the_job(tmp_path):
+  job = faults.launch(2, TRAIN_ARGS + [
+      "--epochs=30", f"--checkpoint_dir={tmp_path / 'ckpt'}"],
+      ["--coordinator", "--timeout=200"])
+  try:
+    faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 1, 150,
+                    "epoch 1", job)
+    os.kill(_coordinator_of(job), signal.SIGKILL)
+    _, err = faults.finish(job, 120)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 1, err[-3000:]
+  assert ("oscars-launch: coordinator was killed by SIGKILL; stopped the "
+          "other workers.") in err
+  assert not faults.workers_of(str(tmp_path / "ckpt"))

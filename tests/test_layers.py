@@ -16,8 +16,8 @@ LAYERS = (
     ("runtime", {"runtime", "cluster"}),
     ("observability", {"observability"}),
     ("strategy glue", {"distribute", "checkpoint"}),
-    ("front ends and tools", {"frontends", "tools", "launch", "flags", "data",
-                              "__init__"}),
+    ("front ends and tools", {"frontends", "tools", "launch", "coordinator",
+                              "flags", "data", "__init__"}),
 )
 
 

@@ -12,6 +12,7 @@ from absl import logging
 
 from oscars_tf.runtime import averaging
 from oscars_tf import cluster as cluster_lib
+from oscars_tf.errors import ClusterConfigError
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import rate_table
 from oscars_tf.distribute import replicas
@@ -152,6 +153,8 @@ class OscarsStrategy(tf.distribute.Strategy):
     profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
+    if info.is_coordinator:
+      raise ClusterConfigError(cluster_lib.COORDINATOR_TASK_TRAINS_NOT)
     # The coordination service's heartbeats only catch what the straggler
     # timeout catches sooner, and a task they time out can never come back:
     # long ones let a stalled worker rejoin (stalls up to this long).

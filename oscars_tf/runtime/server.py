@@ -4,6 +4,8 @@ The in-process gRPC server, collective ops and the coordination service are
 set up the way `MultiWorkerMirroredStrategy` sets them up, with one
 difference: the group keys the strategy uses are its own (see averaging.py),
 and no collective is launched by the runtime itself between averaging points.
+The coordination service runs in the chief's process, or in the cluster's
+`coordinator` task where it has one (see coordinator.py).
 """
 
 import copy
@@ -42,15 +44,15 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
         "Create the strategy first, right after configuring devices.")
   cluster_lib.check_port_free(info)
   spec = tf.train.ClusterSpec({k: list(v) for k, v in info.jobs.items()})
-  leader = info.device_prefix(0)  # "/job:<chief or worker>/replica:0/task:0"
+  own = f"/job:{info.task_type}/task:{info.task_id}"
   context.context().configure_collective_ops(
-      collective_leader=leader,
+      collective_leader=info.device_prefix(0),  # the chief's
       scoped_allocator_enabled_ops=("CollectiveReduce",),
-      device_filters=(info.device_prefix().replace("/replica:0", ""),))
+      device_filters=(own,))
   jobs = [coordination_config_pb2.CoordinatedJob(name=j, num_tasks=len(a))
           for j, a in info.jobs.items()]
   context.context().configure_coordination_service(
-      service_type="standalone", service_leader=leader,
+      service_type="standalone", service_leader=info.service_leader,
       coordinated_jobs=jobs,
       heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000),
       cluster_register_timeout_in_ms=int(register_timeout_s * 1000))
@@ -58,7 +60,7 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
   # from the rounds (membership.py). Without this, the coordination service
   # aborts every task's collectives once the dead one misses its heartbeats.
   context.context()._coordination_service_config.recoverable_jobs.extend(  # pylint: disable=protected-access
-      list(info.jobs))
+      [j for j in info.jobs if j in cluster_lib.WORKER_JOBS])
   config = copy.deepcopy(context.context().config)
   config.isolate_session_state = True
   port = int(info.address.rpartition(":")[2])
@@ -66,8 +68,12 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
       cluster=spec.as_cluster_def(), default_session_config=config,
       job_name=info.task_type, task_index=info.task_id,
       protocol=info.rpc_layer, port=port)
-  logging.info("oscars_tf: starting worker %d of %d at %s",
-               info.worker_index, info.num_workers, info.address)
+  if info.is_coordinator:
+    logging.info("oscars_tf: starting the coordination service of %d "
+                 "workers at %s", info.num_workers, info.address)
+  else:
+    logging.info("oscars_tf: starting worker %d of %d at %s",
+                 info.worker_index, info.num_workers, info.address)
   sigterm = signal.getsignal(signal.SIGTERM)
   context.context().enable_collective_ops(server_def)
   context.context().ensure_initialized()

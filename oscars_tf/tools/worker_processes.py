@@ -41,28 +41,32 @@ def free_ports(n, host="127.0.0.1"):
   return ports
 
 
-def cluster_tasks(num_workers, num_ps=0):
+def cluster_tasks(num_workers, num_ps=0, coordinator=False):
   """(task type, index) of each process of a job, in a Job's order.
 
   Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
-  MultiWorkerMirroredStrategy). With ps tasks: ParameterServerStrategy's
-  cluster, the chief (the coordinator) first, then the workers, then the ps.
+  MultiWorkerMirroredStrategy), and with `coordinator` last the task that
+  hosts the coordination service (oscars_tf/coordinator.py). With ps
+  tasks: ParameterServerStrategy's cluster, the chief (the coordinator)
+  first, then the workers, then the ps.
   """
   if not num_ps:
-    return [("worker", i) for i in range(num_workers)]
+    return ([("worker", i) for i in range(num_workers)] +
+            [("coordinator", 0)] * bool(coordinator))
   return ([("chief", 0)] + [("worker", i) for i in range(num_workers)] +
           [("ps", i) for i in range(num_ps)])
 
 
 def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None,
-               num_ps=0):
+               num_ps=0, coordinator=False):
   """One TF_CONFIG JSON string per task of a local cluster (cluster_tasks'
-  order): per worker, or with `num_ps` a chief, workers and ps tasks.
+  order): per worker (and the coordinator task), or with `num_ps` a chief,
+  workers and ps tasks.
 
   `hosts` (one address per task) places tasks on different addresses,
   e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
   """
-  tasks = cluster_tasks(num_workers, num_ps)
+  tasks = cluster_tasks(num_workers, num_ps, coordinator)
   ports = ports or free_ports(len(tasks), host)
   hosts = hosts or [host] * len(tasks)
   cluster = {}
@@ -75,13 +79,13 @@ def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None,
 
 def task_name(kind, index):
   """How messages name a task: "worker 3", "chief", "ps 0"."""
-  return "chief" if kind == "chief" else f"{kind} {index}"
+  return kind if kind in ("chief", "coordinator") else f"{kind} {index}"
 
 
 def _prefix(kind, index):
   # Workers keep their bare index, so a worker-only job reads as before.
-  return {"worker": f"[{index}] ", "chief": "[chief] "}.get(
-      kind, f"[{kind}{index}] ")
+  return {"worker": f"[{index}] ", "chief": "[chief] ",
+          "coordinator": "[coordinator] "}.get(kind, f"[{kind}{index}] ")
 
 
 def _pump(stream, prefix, out):
@@ -183,7 +187,9 @@ class Job:
   workers' and ps tasks' servers never exit by themselves (`servers`), so
   the job is done when the chief is, and `wait` then stops them. Per-worker
   settings (`worker_env`) are keyed by worker index and go to the `worker`
-  tasks only. Indices into `procs` (failed, lost, killed, exited) are
+  tasks only. With `coordinator_command`, one more process runs it as the
+  cluster's `coordinator` task (last in `tasks`): a server too, stopped
+  when the workers are done, and its failure ends the job. Indices into `procs` (failed, lost, killed, exited) are
   positions in `tasks`; `name(i)` says which task one is.
   `task_preexec` maps such a position to a step for that process to run
   after fork and before exec (e.g. join a cgroup,
@@ -194,12 +200,13 @@ class Job:
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
                worker_env=None, out=None, hosts=None, err=None, num_ps=0,
-               task_preexec=None):
+               task_preexec=None, coordinator_command=None):
     self.command = list(command)
     self.num_workers = num_workers
-    self.tasks = cluster_tasks(num_workers, num_ps)
+    coordinator = coordinator_command is not None
+    self.tasks = cluster_tasks(num_workers, num_ps, coordinator)
     self.servers = {i for i, (kind, _) in enumerate(self.tasks)
-                    if num_ps and kind != "chief"}
+                    if num_ps and kind != "chief" or kind == "coordinator"}
     self.procs = []
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
@@ -211,7 +218,8 @@ class Job:
     err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
     die_with_parent = _die_with_parent()
-    configs = tf_configs(num_workers, host, hosts=hosts, num_ps=num_ps)
+    configs = tf_configs(num_workers, host, hosts=hosts, num_ps=num_ps,
+                         coordinator=coordinator)
     for position, ((kind, index), config) in enumerate(
         zip(self.tasks, configs)):
       penv = dict(os.environ if env is None else env)
@@ -223,7 +231,9 @@ class Job:
       # it in the forked child holding the GIL, and it takes no lock (prctl
       # is resolved before the fork; getppid, kill, setns and the cgroup
       # write are syscalls).
-      p = subprocess.Popen(self.command, env=penv, stdout=subprocess.PIPE,
+      command = (list(coordinator_command) if kind == "coordinator" else
+                 self.command)
+      p = subprocess.Popen(command, env=penv, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, start_new_session=True,
                            preexec_fn=preexec)  # noqa: PLW1509
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
