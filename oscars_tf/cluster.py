@@ -227,8 +227,12 @@ def resolver_for(info: ClusterInfo, devices=()):
   simple = tf.distribute.cluster_resolver.SimpleClusterResolver
   if info == local_cluster():
     return simple(tf.train.ClusterSpec({}), num_accelerators=accelerators)
+  # The coordinator task trains nothing, and TensorFlow's multi-worker
+  # helpers (multi_worker_util, which Keras' callbacks call) reject a job
+  # of that name: the resolver's cluster is the training cluster.
   spec = tf.train.ClusterSpec({job: list(addresses)
-                               for job, addresses in info.jobs.items()})
+                               for job, addresses in info.jobs.items()
+                               if job != COORDINATOR_JOB})
   return simple(spec, master=info.address, task_type=info.task_type,
                 task_id=info.task_id, environment=info.environment,
                 num_accelerators=accelerators, rpc_layer=info.rpc_layer)

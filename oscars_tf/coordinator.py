@@ -24,6 +24,7 @@ or SIGINT. Exit code 0 then; 1 if the chief never came up within
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -58,8 +59,19 @@ SECTIONS = (("coordination service", ("heartbeat_timeout", "register_timeout",
                                       "poll")),)
 
 
+def chief_gone(address):
+  """Whether the chief's process is gone: nothing listens at its address,
+  or (a pod that was deleted) its name no longer resolves."""
+  host, _, port = address.rpartition(":")
+  try:
+    socket.getaddrinfo(host.strip("[]"), int(port))
+  except socket.gaierror:
+    return True
+  return cluster.connection_refused(address)
+
+
 def wait_for_chief(address, register_timeout_s, poll_s, stop,
-                   is_gone=cluster.connection_refused):
+                   is_gone=chief_gone):
   """Blocks while the chief at `address` runs. True once it has come up
   and gone, or `stop` (a threading.Event) is set; False if it never came
   up within `register_timeout_s`."""

@@ -65,6 +65,14 @@ def test_a_coordinator_task_hosts_the_service_and_is_no_worker():
   assert host.num_workers == 2 and host.workers[0][2] == "h:1"
   with pytest.raises(ClusterConfigError, match="python -m oscars_tf.coordi"):
     host.worker_index  # pylint: disable=pointless-statement  # noqa: B018
+  # What the strategy hands to TensorFlow's and Keras' multi-worker code
+  # leaves it out: TensorFlow's helpers reject a job of that name.
+  from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
+  resolver = cluster.resolver_for(worker)
+  assert sorted(resolver.cluster_spec().jobs) == ["chief", "worker"]
+  assert not multi_worker_util.is_chief(resolver.cluster_spec(), "worker", 0)
+  assert multi_worker_util.worker_count(resolver.cluster_spec(),
+                                        "worker") == 2
   # Without one, the chief hosts it.
   plain = cluster.from_tf_config(_config({"worker": ["h:1", "h:2"]}))
   assert plain.service_leader == "/job:worker/replica:0/task:0"

@@ -5,6 +5,7 @@ treat it. The real job with one is in test_faults.py."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +50,14 @@ def test_a_signal_stops_it_while_the_chief_runs():
                                     _gone_sequence(False))
 
 
+def test_a_chief_whose_name_no_longer_resolves_is_gone():
+  # (A refused connection: test_cluster.py.)
+  assert coordinator.chief_gone("no-such-host.invalid:2222")
+  with socket.create_server(("127.0.0.1", 0)) as listener:
+    port = listener.getsockname()[1]
+    assert not coordinator.chief_gone(f"localhost:{port}")
+
+
 def test_a_worker_task_cannot_run_it():
   env = dict(os.environ, TF_CONFIG=json.dumps({
       "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
@@ -77,12 +86,19 @@ SHOW_TASK = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
              "print(c['task']['type'], sorted(c['cluster']), flush=True); ")
 
 
-def test_a_job_stops_its_coordinator_when_the_workers_are_done():
+def test_a_job_stops_its_coordinator_when_the_workers_are_done(tmp_path):
+  # The workers end once the coordinator has printed (a file says so,
+  # waited for 30 s at most); the coordinator runs until stopped.
+  ready = tmp_path / "printed"
+  wait = (f"import pathlib, time; t = time.monotonic() + 30\n"
+          f"while not pathlib.Path({str(ready)!r}).exists() and "
+          f"time.monotonic() < t: time.sleep(0.01)\n")
   out = _Lines()
   job = worker_processes.Job(
-      [sys.executable, "-c", SHOW_TASK], 2, out=out,
-      coordinator_command=[sys.executable, "-c",
-                           SHOW_TASK + "import time; time.sleep(120)"])
+      [sys.executable, "-c", SHOW_TASK + "\n" + wait], 2, out=out,
+      coordinator_command=[sys.executable, "-c", SHOW_TASK + (
+          f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); "
+          "time.sleep(120)")])
   codes, failed = job.wait(timeout=60, grace=2.0)
   assert failed is None, codes
   assert codes[:2] == [0, 0] and codes[2] == -signal.SIGTERM, codes

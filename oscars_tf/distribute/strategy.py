@@ -165,7 +165,11 @@ class OscarsStrategy(tf.distribute.Strategy):
         simulate=profile if profile.active else None,
         outer_optimizer=outer_optimizer,
         straggler_timeout=straggler_timeout, averaging_dtype=averaging_dtype))
-    if cluster_resolver is not None:  # handed back as given, as MWMS does
+    # Handed back as given, as MWMS does; but not one with a coordinator
+    # job, which TensorFlow's multi-worker helpers reject (resolver_for
+    # leaves it out).
+    if (cluster_resolver is not None and
+        cluster_lib.COORDINATOR_JOB not in info.jobs):
       self.extended.cluster_resolver = cluster_resolver
     if logdir:
       self.extended.round_logs.set_logdir(logdir)
