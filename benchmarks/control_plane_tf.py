@@ -175,6 +175,8 @@ def summarize(n, tasks, start_s, pids, service=None):
       "chief_wall_ms_max": max(rounds[r]["chief_wall_ms"] for r in measured),
       "chief_late_ms_max": max(rounds[r]["late_ms"] for r in measured),
       "chief_op_ms_p50": _percentile(chief_op_ms, 50),
+      "chief_op_ms_p99": _percentile(chief_op_ms, 99),
+      "chief_op_ms_max": max(chief_op_ms, default=float("nan")),
       "chief_ops_per_round": statistics.median(
           chief["ops"].get(str(r), 0) for r in measured),
       "client_get_ms_p50": _percentile(lat["get"], 50),
