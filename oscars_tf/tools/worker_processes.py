@@ -189,8 +189,9 @@ class Job:
   settings (`worker_env`) are keyed by worker index and go to the `worker`
   tasks only. With `coordinator_command`, one more process runs it as the
   cluster's `coordinator` task (last in `tasks`): a server too, stopped
-  when the workers are done, and its failure ends the job. Indices into `procs` (failed, lost, killed, exited) are
-  positions in `tasks`; `name(i)` says which task one is.
+  when the workers are done, and its failure ends the job. Indices into
+  `procs` (failed, lost, killed, exited) are positions in `tasks`;
+  `name(i)` says which task one is.
   `task_preexec` maps such a position to a step for that process to run
   after fork and before exec (e.g. join a cgroup,
   cpu_limits.CpuLimits.preexec; enter a network namespace,
@@ -206,7 +207,7 @@ class Job:
     coordinator = coordinator_command is not None
     self.tasks = cluster_tasks(num_workers, num_ps, coordinator)
     self.servers = {i for i, (kind, _) in enumerate(self.tasks)
-                    if num_ps and kind != "chief" or kind == "coordinator"}
+                    if (num_ps and kind != "chief") or kind == "coordinator"}
     self.procs = []
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
