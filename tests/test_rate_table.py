@@ -1,9 +1,15 @@
-"""Tests for oscars_tf.protocol.rate_table.RateMeter (pure Python)."""
+"""Tests for oscars_tf.protocol.rate_table: the rate meter and the
+published rows (pure Python)."""
 
 import math
+import types
 
 import pytest
 
+from fake_store import FakeStore
+
+from oscars_tf.policy import records
+from oscars_tf.protocol import rate_table
 from oscars_tf.protocol.rate_table import RateMeter
 
 
@@ -33,3 +39,40 @@ def test_empty_or_broken_samples_are_ignored():
 def test_bad_arguments(kwargs):
   with pytest.raises(ValueError):
     RateMeter(**kwargs)
+
+
+class _Plan:
+  """A plan whose digest counts how often it was made (costly at scale)."""
+
+  def __init__(self):
+    self.digests = 0
+
+  def digest(self):
+    self.digests += 1
+    return f"d{self.digests}"
+
+
+def test_a_row_is_published_at_most_once_a_period():
+  store, plan = FakeStore(), _Plan()
+  publisher = rate_table.RowPublisher(3, every_s=1.0)
+  entry = records.TableEntry(rate=5.0, round=1)
+  publisher.maybe_publish(store, entry, plan, now=10.0)
+  assert rate_table.read_all(store, 4, timeout_s=0.01)[3]["plan"] == "d1"
+  # The store refuses to overwrite (as the service does): the publisher
+  # replaces the row, once the period is over, and only then makes a digest.
+  publisher.maybe_publish(store, entry, plan, now=10.5)
+  assert plan.digests == 1
+  publisher.maybe_publish(store, records.TableEntry(rate=7.0, round=2),
+                          plan, now=11.0)
+  row = rate_table.read_all(store, 4, timeout_s=0.01)[3]
+  assert (row["rate"], row["round"], row["plan"]) == (7.0, 2, "d2")
+
+
+def test_a_failed_publication_does_not_stop_training():
+  broken = types.SimpleNamespace(set=_raise, get=_raise, delete=_raise)
+  publisher = rate_table.RowPublisher(0)
+  publisher.maybe_publish(broken, records.TableEntry(), _Plan(), now=0.0)
+
+
+def _raise(*args):
+  raise RuntimeError("service gone")

@@ -10,6 +10,7 @@ import pytest
 from fake_store import FakeStore, run_threads
 from oscars_tf import schedules
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import plan_log
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_history
 from oscars_tf.protocol import round_parts
@@ -185,3 +186,21 @@ def test_the_history_keeps_cluster_lists_for_the_newest_rounds_only(
   full = [all(f in e for f in round_history.CLUSTER_FIELDS) for e in history]
   assert full == [False] * 30 + [True] * 100
   assert all("rate" in e and "plan" in e for e in history)  # scalars stay
+
+
+def test_plan_changes_are_logged_once_each(caplog):
+  log = plan_log.PlanChangeLog(me=2)
+  plan = types.SimpleNamespace(imputed=(5,), state=types.SimpleNamespace(
+      period=4.0))
+  with caplog.at_level("INFO"):
+    for round_ in (2, 3, 4):
+      log.log(round_, plan, members=(0, 2, 5))
+    plan.state.period = 8.0
+    log.log(5, plan, members=(0, 2))  # 5 left: no longer planned so
+  lines = [r.getMessage() for r in caplog.records]
+  assert [m for m in lines if "no usable rate" in m] == [
+      "oscars_tf: worker 2 round 2: no usable rate from worker(s) [5]; "
+      "planning them at the median rate."]
+  assert [m for m in lines if "period" in m] == [
+      "oscars_tf: worker 2 round 5: period 4 -> 8 steps of the fastest "
+      "worker."]

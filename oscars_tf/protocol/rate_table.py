@@ -12,10 +12,13 @@ read the whole table at any time (`OscarsStrategy.step_rate_table()`).
 import json
 import math
 
+from absl import logging
+
 from oscars_tf.protocol import kv_store
 from oscars_tf.policy import records
 
 KEY_PREFIX = "oscars_tf/table/"
+PUBLISH_EVERY_S = 1.0
 
 
 class RateMeter:
@@ -57,6 +60,30 @@ def publish(store, worker, entry: records.TableEntry, plan_digest: str):
       "rate": entry.rate, "round": entry.round, "loss": entry.loss,
       "divergence": entry.divergence, "learning_rate": entry.learning_rate,
       "plan": plan_digest}))
+
+
+class RowPublisher:
+  """One worker's published row. The rows are for people and tools (plans
+  come from the round's decision), so it is refreshed at most every
+  `every_s`: two RPCs to the coordination service per round would cost
+  short rounds dearly."""
+
+  def __init__(self, worker, every_s=PUBLISH_EVERY_S):
+    self.worker = worker
+    self.every_s = every_s
+    self._last = -math.inf
+
+  def maybe_publish(self, store, entry, plan, now):
+    """Publishes `entry` and `plan`'s digest (made only then) unless the
+    last publication is younger than `every_s` at `now`; never raises:
+    training goes on without it."""
+    if now - self._last < self.every_s:
+      return
+    self._last = now
+    try:
+      publish(store, self.worker, entry, plan.digest())
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("oscars_tf: could not publish the rate row: %s", e)
 
 
 def read_all(store, num_workers, timeout_s=2.0):

@@ -27,6 +27,7 @@ from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import group_keys as group_keys_lib
 from oscars_tf.protocol import membership as membership_lib
+from oscars_tf.protocol import plan_log
 from oscars_tf.protocol import rate_table
 from oscars_tf.protocol import round_history
 from oscars_tf.protocol import round_parts
@@ -38,7 +39,6 @@ FIELD_STEPS = records.FIELDS.index("steps")
 FIELD_EXHAUSTED = records.FIELDS.index("exhausted")
 FIELD_ROUND = records.FIELDS.index("round")
 NO_SYNC = np.iinfo(np.int64).max  # next_sync while an epoch is over
-PUBLISH_EVERY_S = 1.0
 
 
 class RoundBook:
@@ -78,8 +78,7 @@ class RoundBook:
     self.step_quantum = 1        # k_i are multiples of it (Keras'
                                  # steps_per_execution; same on all workers)
     self._epoch_agreed = False   # this round's members were all exhausted
-    self._logged_imputed = frozenset()
-    self._logged_period = None
+    self._change_log = plan_log.PlanChangeLog(self.me)
     self._weighting = getattr(schedule, "weighting", "work")
     # No ring of a global sync across hosts has more host leaders than the
     # schedule's group bound (a third level past that: round_parts.py).
@@ -88,7 +87,7 @@ class RoundBook:
     self._t_round_start = None
     self._t_first_step = None
     self._t_arrive = self._t_table = 0.0
-    self._t_published = -math.inf
+    self._publisher = rate_table.RowPublisher(self.me)
     self._arrival_steps = 0
     self._arrival_compute = 0.0
     self._skip_steps = 0  # round 0: steps before the clock started
@@ -294,12 +293,14 @@ class RoundBook:
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("oscars_tf: summaries failed (training goes on): %s",
                         e)
-    self._log_changes()
+    self._change_log.log(self.round, self.plan, self.members)
     if logging.vlog_is_on(1):  # its arguments are O(workers) to make
       logging.vlog(1, "oscars_tf: worker %d round %d plan %s k=%s groups=%s",
                    self.me, self.round, self.plan.digest(),
                    list(self.plan.local_steps), list(self.plan.groups))
-    self._publish(table, now)
+    if self.publish and self.membership is not None:
+      self._publisher.maybe_publish(self.membership.store,
+                                    table.entries[self.me], self.plan, now)
     self.last_sync_step = step
     self._t_round_start = time.monotonic()
     nxt = self.my_steps(self.plan, step)
@@ -336,40 +337,8 @@ class RoundBook:
         "groups": [list(g) for g in self.plan.groups],
         "planned_all": list(self.plan.local_steps)})
 
-  def _publish(self, table, now):
-    """The published rows are for people and tools (plans come from the
-    round's decision), so they are refreshed at most every PUBLISH_EVERY_S:
-    two RPCs to the coordination service per round would cost short rounds
-    dearly."""
-    if (not self.publish or self.membership is None or
-        now - self._t_published < PUBLISH_EVERY_S):
-      return
-    self._t_published = now
-    try:
-      rate_table.publish(self.membership.store, self.me,
-                         table.entries[self.me], self.plan.digest())
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning("oscars_tf: could not publish the rate row: %s", e)
-
   def _quantized(self, plan):
     return plan_changes.quantized(plan, self.step_quantum, self._weighting)
-
-  def _log_changes(self):
-    """State changes once each (plan lines are at --v=1)."""
-    imputed = frozenset(self.plan.imputed) & frozenset(self.members)
-    if self.round > 1 and imputed != self._logged_imputed:
-      if imputed:
-        logging.warning("oscars_tf: worker %d round %d: no usable rate from "
-                        "worker(s) %s; planning them at the median rate.",
-                        self.me, self.round, sorted(imputed))
-      self._logged_imputed = imputed
-    period = getattr(self.plan.state, "period", None)
-    if period != self._logged_period:
-      if self._logged_period is not None:
-        logging.info("oscars_tf: worker %d round %d: period %.3g -> %.3g "
-                     "steps of the fastest worker.", self.me, self.round,
-                     self._logged_period, period)
-      self._logged_period = period
 
   def begin_epoch(self, step, target_steps=None):
     """Starts an epoch at local step `step`; `target_steps` are
