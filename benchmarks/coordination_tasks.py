@@ -24,6 +24,7 @@ import types
 import numpy as np
 from absl import flags
 
+import task_measures
 from oscars_tf import cluster
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import host_arrivals
@@ -71,60 +72,6 @@ FLAGS = flags.FLAGS
 
 BENCH = "oscars_tf/bench/"  # the harness's own keys (start barrier)
 STRAGGLER_S = 10.0  # late under load is not dead: only a death drops
-
-
-def _memory_mb():
-  """This process's resident memory, MB: (now, peak, private). Most of
-  the resident memory is TensorFlow's shared libraries, whose pages all
-  the processes share; private pages are each process's own cost."""
-  def kb(path, key):
-    with open(path, encoding="utf-8") as f:
-      return sum(int(line.split()[1]) for line in f
-                 if line.split(":")[0] in key) / 1024
-  return (kb("/proc/self/status", ("VmRSS",)),
-          kb("/proc/self/status", ("VmHWM",)),
-          kb("/proc/self/smaps_rollup", ("Private_Clean", "Private_Dirty")))
-
-
-class CountingStore:
-  """A ContextStore that counts its operations, bytes read and each
-  operation's wall time, per round (`round` is set by the caller). The
-  chief reads from several threads at once (kv_store.values_unless_gone):
-  the counts are kept under a lock."""
-
-  def __init__(self, store, concurrent_reads):
-    self.store = store
-    self.concurrent_reads = concurrent_reads
-    self.round = -1
-    self._lock = threading.Lock()
-    self.ops = {}      # round -> operations
-    self.bytes = {}    # round -> bytes of the values read
-    self.times = []    # (round, "get"/"set"/"delete", seconds)
-    self.published = {}  # round -> time.time() the decision was set
-
-  def _count(self, kind, t0, nbytes=0):
-    with self._lock:
-      self.times.append((self.round, kind, time.perf_counter() - t0))
-      self.ops[self.round] = self.ops.get(self.round, 0) + 1
-      self.bytes[self.round] = self.bytes.get(self.round, 0) + nbytes
-
-  def set(self, key, value):
-    t0 = time.perf_counter()
-    self.store.set(key, value)
-    self._count("set", t0)
-    if key.startswith(f"{membership.PREFIX}d/"):
-      self.published[int(key.rpartition("/")[2])] = time.time()
-
-  def get(self, key, timeout_s):
-    t0 = time.perf_counter()
-    value = self.store.get(key, timeout_s)
-    self._count("get", t0, len(value))
-    return value
-
-  def delete(self, key):
-    t0 = time.perf_counter()
-    self.store.delete(key)
-    self._count("delete", t0)
 
 
 def _sleep_until(t):
@@ -177,7 +124,7 @@ def run_task():
   rates = np.random.default_rng(FLAGS.seed).lognormal(0.0, FLAGS.sigma, n)
   rates *= 10.0  # steps per second, SIMULATED
   mine = logical_workers(task, n, FLAGS.clients_per_process)
-  stores = {j: CountingStore(shared, FLAGS.concurrent_reads) for j in mine}
+  stores = {j: task_measures.CountingStore(shared, FLAGS.concurrent_reads) for j in mine}
   # Start barrier: the chief sets the schedule once every worker is up.
   if task == 0:
     for j in range(1, n):
@@ -210,7 +157,7 @@ def run_task():
       t.join()
     if errors:
       raise errors[0]
-  memory = _memory_mb()
+  memory = task_measures.memory_mb()
   for j in mine:
     store, result = stores[j], results[j]
     result["rss_mb"], result["peak_rss_mb"], result["private_mb"] = memory
@@ -248,7 +195,7 @@ def _service_task(info):
   store.get(f"{BENCH}chief_done", 120.0)  # the last client is done too
   path = pathlib.Path(FLAGS.task_out) / "service.json"
   path.write_text(json.dumps({"slot_cpu_ms": slots, "pid": os.getpid(),
-                              "rss_mb": _memory_mb()[0]}), encoding="utf-8")
+                              "rss_mb": task_measures.memory_mb()[0]}), encoding="utf-8")
   sys.stdout.flush()
   os._exit(0)  # pylint: disable=protected-access
 

@@ -9,7 +9,7 @@ with one worker 4x slower). The strategy now agrees every epoch end through
 its round protocol, and all workers leave `fit` after the same final
 collective. This benchmark measures the spread that is left.
 
-Each job runs a plain Keras 3 script (this file with --worker) on 3 real
+Each job runs a plain Keras 3 script (fit_end_spread_worker.py) on 3 real
 worker processes started through oscars_tf.launch: a 2-conv CNN (Conv2D 16,
 Conv2D 32, Dense 64) on MNIST-shaped 28x28 images (scikit-learn's digits
 upsampled, offline; 1,500 training and 297 validation images), batch 32
@@ -64,6 +64,7 @@ from oscars_tf.tools import worker_netns
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("loopback", "slow_links")
 LABELS = {"loopback": "SIMULATED", "slow_links": "EMULATED"}
+# The worker program's (fit_end_spread_worker.py, run as a process).
 SCHEDULES = ("adaptive", "fixed1")
 INPUTS = ("arrays", "dataset_noautotune")
 NUM_WORKERS = 3
@@ -97,101 +98,7 @@ flags.DEFINE_string("rate", "100mbit", "tc tbf rate of every link "
 flags.DEFINE_integer("timeout", 600, "Seconds each job may take.",
                      lower_bound=10)
 flags.DEFINE_string("result_json", None, "Write all results here.")
-# The worker program (this file, run by each worker process).
-flags.DEFINE_bool("worker", False, "Internal: run as one worker of a job.")
-flags.DEFINE_string("outdir", None, "Internal (--worker): where each worker "
-                    "writes worker_<i>.json.")
-flags.DEFINE_enum("schedule", "adaptive", list(SCHEDULES),
-                  "Internal (--worker): the schedule.")
-flags.DEFINE_enum("input", "arrays", list(INPUTS),
-                  "Internal (--worker): the input kind.")
 FLAGS = flags.FLAGS
-
-
-# -- the worker program -------------------------------------------------
-
-
-def mnist_like(seed=0):
-  """scikit-learn's digits as 28x28x1 float images in [0, 1]: each 8x8
-  pixel repeated 3x3, padded by 2. (x_train, y_train, x_val, y_val)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  bunch = load_digits()
-  images = bunch.images.astype("float32") / 16.0
-  images = np.kron(images, np.ones((1, 3, 3), "float32"))
-  images = np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None]
-  order = np.random.default_rng(seed).permutation(len(images))
-  x, y = images[order], bunch.target[order].astype("int32")
-  return x[:1500], y[:1500], x[1500:], y[1500:]
-
-
-def fit_data(x, y, x_val, y_val):
-  """fit's data arguments for --input."""
-  if FLAGS.input == "arrays":
-    return {"x": x, "y": y, "batch_size": FLAGS.batch_size,
-            "validation_data": (x_val, y_val)}
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  options = tf.data.Options()
-  options.autotune.enabled = False
-
-  def batches(*arrays):
-    return tf.data.Dataset.from_tensor_slices(arrays).batch(
-        FLAGS.batch_size).with_options(options)
-  return {"x": batches(x, y), "validation_data": batches(x_val, y_val)}
-
-
-def worker_main():
-  """One worker: a plain Keras 3 script with the strategy line changed."""
-  import oscars_tf  # pylint: disable=g-import-not-at-top
-  if FLAGS.schedule == "fixed1":
-    strategy = oscars_tf.OscarsStrategy(
-        schedule=oscars_tf.schedules.Fixed(every=1))
-  else:
-    strategy = oscars_tf.OscarsStrategy()
-  import keras  # pylint: disable=g-import-not-at-top
-  me = strategy.worker_index
-  x, y, x_val, y_val = mnist_like()
-  keras.utils.set_random_seed(me)
-  with strategy.scope():
-    inputs = keras.Input((28, 28, 1))
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Flatten()(h)
-    h = keras.layers.Dense(64, activation="relu")(h)
-    model = keras.Model(inputs, keras.layers.Dense(10)(h))
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True), metrics=["accuracy"])
-  epoch_ends, train_end = [], []
-
-  class Times(keras.callbacks.Callback):
-
-    def on_epoch_end(self, epoch, logs=None):
-      epoch_ends.append(time.time())
-
-    def on_train_end(self, logs=None):
-      train_end.append(time.time())
-
-  data = fit_data(x, y, x_val, y_val)
-  started = time.time()
-  history = model.fit(**data, epochs=FLAGS.epochs, callbacks=[Times()],
-                      verbose=0)
-  returned = time.time()
-  rounds = strategy.round_history
-  out = {"worker": me, "fit_start": started, "epoch_ends": epoch_ends,
-         "train_end": train_end[0] if train_end else None,
-         "fit_return": returned,
-         "round_s": [r["compute_s"] + r["wait_s"] + r["comm_s"]
-                     for r in rounds],
-         "rounds": len(rounds), "local_steps": strategy.stats()["local_step"],
-         "val_accuracy": [float(v) for v in
-                          history.history.get("val_accuracy", [])]}
-  path = os.path.join(FLAGS.outdir, f"worker_{me}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(out, f)
-  os.replace(path + ".tmp", path)
 
 
 # -- network namespaces (slow_links) -------------------------------------
@@ -230,7 +137,8 @@ def _env():
 
 
 def _worker_command(schedule, input_kind, outdir):
-  return [sys.executable, os.path.abspath(__file__), "--worker",
+  return [sys.executable, os.path.join(os.path.dirname(
+      os.path.abspath(__file__)), "fit_end_spread_worker.py"),
           f"--schedule={schedule}", f"--input={input_kind}",
           f"--outdir={outdir}", f"--epochs={FLAGS.epochs}",
           f"--batch_size={FLAGS.batch_size}"]
@@ -391,9 +299,6 @@ def print_table(rows, skipped):
 
 def main(argv):
   del argv
-  if FLAGS.worker:
-    worker_main()
-    return
   if FLAGS.quick:
     for name, value in (("repeats", 1), ("epochs", 1), ("inputs", ["arrays"]),
                         ("schedules", ["adaptive"])):
