@@ -174,7 +174,8 @@ class ContextStore:
 
 def _service_gone(error):
   return WorkerLostError(
-      "the coordination service (hosted by the chief, worker 0) cannot be "
-      "reached: the chief has ended or died. If training ended while this "
+      "the coordination service (hosted by the chief, worker 0, or by the "
+      "cluster's coordinator task) cannot be reached: the chief has ended "
+      "or died, or the coordinator has. If training ended while this "
       "worker was stalled or dropped, the chief's model and checkpoint are "
       f"the job's result. ({error.message.splitlines()[0]})")
