@@ -124,7 +124,8 @@ def run_task():
   rates = np.random.default_rng(FLAGS.seed).lognormal(0.0, FLAGS.sigma, n)
   rates *= 10.0  # steps per second, SIMULATED
   mine = logical_workers(task, n, FLAGS.clients_per_process)
-  stores = {j: task_measures.CountingStore(shared, FLAGS.concurrent_reads) for j in mine}
+  stores = {j: task_measures.CountingStore(shared, FLAGS.concurrent_reads)
+            for j in mine}
   # Start barrier: the chief sets the schedule once every worker is up.
   if task == 0:
     for j in range(1, n):
@@ -195,7 +196,8 @@ def _service_task(info):
   store.get(f"{BENCH}chief_done", 120.0)  # the last client is done too
   path = pathlib.Path(FLAGS.task_out) / "service.json"
   path.write_text(json.dumps({"slot_cpu_ms": slots, "pid": os.getpid(),
-                              "rss_mb": task_measures.memory_mb()[0]}), encoding="utf-8")
+                              "rss_mb": task_measures.memory_mb()[0]}),
+                  encoding="utf-8")
   sys.stdout.flush()
   os._exit(0)  # pylint: disable=protected-access
 
