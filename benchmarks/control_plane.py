@@ -92,6 +92,9 @@ flags.DEFINE_bool("host_arrivals", True, "Each host's leader posts the "
                   "rows of its host with its own and the chief reads one "
                   "key a host (protocol/host_arrivals.py: the chief's real "
                   "code, its host's light clients write real files).")
+flags.DEFINE_bool("read_dir", True, "The chief reads each round's arrivals "
+                  "with directory reads (protocol/arrival_reads.py); false: "
+                  "key by key, as before 2026-12-03.")
 flags.DEFINE_string("result_json", None, "Write the results here.")
 FLAGS = flags.FLAGS
 
@@ -122,6 +125,13 @@ class CountingStore(kv_store.MemoryStore):
       self.ops += 1
       self.bytes_out += len(value)
     return value
+
+  def read_dir(self, directory, timeout_s):
+    values = super().read_dir(directory, timeout_s)
+    with self._count:
+      self.ops += 1
+      self.bytes_out += sum(len(v) for v in values.values())
+    return values
 
   def delete(self, key):
     with self._count:
@@ -191,6 +201,8 @@ def measure(n, rng):
                 f"{i // FLAGS.workers_per_host % 250}" for i in range(n))
   rates = rng.lognormal(0.0, FLAGS.sigma, n) * 10.0
   store = CountingStore()
+  if not FLAGS.read_dir:
+    store.read_dir = None  # the chief reads key by key
   gone = set()
   schedule = schedules.Adaptive(grouping=FLAGS.grouping,
                                 max_overshoot=FLAGS.max_overshoot,

@@ -99,7 +99,7 @@ def measure(n, log):
       "rounds", "slot_s", "chief_at", "read_at", "sigma", "seed",
       "distribution", "death_round", "start_timeout_s",
       "clients_per_process", "concurrent_reads", "workers_per_host",
-      "dedicated_service")]
+      "dedicated_service", "read_dir")]
   env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
   t0 = time.time()
   with worker_processes.Signals() as signals:
@@ -284,7 +284,7 @@ def main(argv):
                      "read_at", "sigma", "seed", "distribution",
                      "concurrent_reads", "clients_per_process",
                      "workers_per_host", "dedicated_service",
-                     "death_round")},
+                     "death_round", "read_dir")},
                  "stopped": stopped, "results": results}, f, indent=1)
   return 0
 

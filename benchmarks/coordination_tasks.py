@@ -66,6 +66,10 @@ flags.DEFINE_boolean("dedicated_service", False, "Host the coordination "
                      "service in a task of its own (the cluster's "
                      "`coordinator`, as oscars-launch --coordinator does) "
                      "instead of the chief's process.")
+flags.DEFINE_boolean("read_dir", True, "The chief reads each round's "
+                     "arrivals with directory reads (the service's "
+                     "GetKeyValueDir, protocol/arrival_reads.py); false: key "
+                     "by key, as before 2026-12-03.")
 flags.DEFINE_integer("workers_total", 0, "Internal: N, the logical workers "
                      "of the tasks' cluster (set in the tasks).")
 FLAGS = flags.FLAGS
@@ -120,7 +124,8 @@ def run_task():
   n = FLAGS.workers_total or tasks
   server.start(info, heartbeat_timeout_s=FLAGS.start_timeout_s,
                register_timeout_s=FLAGS.start_timeout_s)
-  shared = kv_store.ContextStore()
+  shared = kv_store.ContextStore(
+      info.service_address if FLAGS.read_dir else None)
   rates = np.random.default_rng(FLAGS.seed).lognormal(0.0, FLAGS.sigma, n)
   rates *= 10.0  # steps per second, SIMULATED
   mine = logical_workers(task, n, FLAGS.clients_per_process)

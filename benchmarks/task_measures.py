@@ -56,6 +56,13 @@ class CountingStore:
     self._count("get", t0, len(value))
     return value
 
+  def read_dir(self, directory, timeout_s):
+    t0 = time.perf_counter()
+    values = self.store.read_dir(directory, timeout_s)
+    if values is not None:
+      self._count("dir", t0, sum(len(v) for v in values.values()))
+    return values
+
   def delete(self, key):
     t0 = time.perf_counter()
     self.store.delete(key)

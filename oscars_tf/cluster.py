@@ -68,6 +68,13 @@ class ClusterInfo:
     return self.device_prefix(0)
 
   @property
+  def service_address(self) -> str:
+    """"host:port" of the task hosting the coordination service."""
+    if COORDINATOR_JOB in self.jobs:
+      return self.jobs[COORDINATOR_JOB][0]
+    return self.workers[0][2]
+
+  @property
   def worker_index(self) -> int:
     if self.is_coordinator:
       raise ClusterConfigError(COORDINATOR_TASK_TRAINS_NOT)

@@ -59,6 +59,7 @@ def test_a_coordinator_task_hosts_the_service_and_is_no_worker():
   worker = cluster.from_tf_config(_config(spec, "worker", 0))
   assert worker.num_workers == 2 and worker.worker_index == 1
   assert worker.service_leader == "/job:coordinator/replica:0/task:0"
+  assert worker.service_address == "h:9"  # the chief's directory reads
   assert not worker.is_coordinator
   host = cluster.from_tf_config(_config(spec, "coordinator", 0))
   assert host.is_coordinator and host.address == "h:9"
@@ -76,6 +77,7 @@ def test_a_coordinator_task_hosts_the_service_and_is_no_worker():
   # Without one, the chief hosts it.
   plain = cluster.from_tf_config(_config({"worker": ["h:1", "h:2"]}))
   assert plain.service_leader == "/job:worker/replica:0/task:0"
+  assert plain.service_address == "h:1"
 
 
 def test_resolver_path():

@@ -22,7 +22,11 @@ HOSTS = ("10.0.0.1",) * 3 + ("10.0.0.2",) * 3 + ("10.0.0.3",) * 3
 
 class ArrivalReads(FakeStore):
   """Whose arrival keys the chief asked for (only the chief reads them) and
-  which were posted, by round; `on_post(worker)` after each post."""
+  which were posted, by round; `on_post(worker)` after each post. It reads
+  no directories: the chief reads key by key, as on a store without them
+  (test_arrival_reads.py tests the directory reads)."""
+
+  read_dir = None
 
   def __init__(self, on_post=None):
     super().__init__()

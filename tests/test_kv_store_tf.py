@@ -1,6 +1,7 @@
 """kv_store.ContextStore on TensorFlow's real coordination service: what
 the protocol relies on (membership.py deletes a whole round of arrivals
-with one call, a directory delete; the chief reads them from threads). Runs a one-task cluster in a child
+with one call, a directory delete; the chief reads them in one directory
+read, or key by key from threads). Runs a one-task cluster in a child
 process: a process joins one cluster only."""
 
 import pathlib
@@ -30,7 +31,7 @@ _CHILD = textwrap.dedent("""
         cluster=spec.as_cluster_def(), job_name="worker", task_index=0,
         protocol="grpc", port=port,
         default_session_config=copy.deepcopy(context.context().config)))
-    store = kv_store.ContextStore()
+    store = kv_store.ContextStore(f"127.0.0.1:{port}")
     for j in range(3):
       store.set(f"m/a/5/{j}", str(j))
     store.set("m/a/50", "another round")
@@ -60,6 +61,18 @@ _CHILD = textwrap.dedent("""
     values = kv_store.values_unless_gone(store, keys, time.monotonic() + 0.5)
     assert store.concurrent_reads == 16
     assert values == [f"row {j}" for j in range(40)] + [None], values
+    # The whole round in one directory read (the service's GetKeyValueDir):
+    # its keys only, not m/a/70's nor the directory's own key.
+    store.set("m/a/70", "another round")
+    store.set("m/a/7", "the directory's own key")
+    assert store.read_dir("m/a/7", 1.0) == {
+        f"m/a/7/{j}": f"row {j}" for j in range(40)}
+    assert store.read_dir("m/a/8", 1.0) == {}
+    # No address: no directory reads (the chief reads key by key).
+    assert kv_store.ContextStore().read_dir("m/a/7", 1.0) is None
+    # A service that is not there: None, not an error (the key-by-key
+    # reads then say what is wrong).
+    assert kv_store.ContextStore("127.0.0.1:1").read_dir("m/a/7", 0.5) is None
     print("OK")
 """)
 

@@ -94,7 +94,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         group_key=group_keys.GROUP_KEY_BASE,  # the whole cluster
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
-    store = kv_store.ContextStore() if info.is_multi_worker else None
+    # The chief reads each round's arrivals in directory reads (over gRPC).
+    service = info.service_address if info.rpc_layer == "grpc" else None
+    store = kv_store.ContextStore(service) if info.is_multi_worker else None
     addresses = [a for _, _, a in info.workers]
     is_gone = lambda j: cluster_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
     relay = host_relay.HostRelay(hosts, info.worker_index) if (

@@ -211,30 +211,41 @@ class HostArrivals:
 
   def read_leaders(self, store, prefix, round_, others, members, rows,
                    deadline, is_gone):
-    """The chief: its host's rows from their files and every other host's
-    from its leader's key (`prefix` + worker) into `rows`; returns the
+    """The chief, its host's rows read (`own_host`): every other host's
+    rows from its leader's key (`prefix` + worker) into `rows`; returns the
     leaders asked (a leader not there by `deadline`, or whose process is
     gone, is left out: its host's others are then read one by one)."""
     if self.relay.token is None or round_ == 0:  # no one gathers yet
       return []
-    hosts, is_member = self.relay.hosts, set(members)
-    mine = self.gather(round_, members)
-    rows.update(mine)
-    self.acknowledge(round_, mine)
     leaders = {}
     for j in others:
-      if hosts[j] != hosts[self.relay.me]:
-        leaders.setdefault(hosts[j], j)
+      if self.relay.hosts[j] != self.relay.hosts[self.relay.me]:
+        leaders.setdefault(self.relay.hosts[j], j)
     first = sorted(leaders.values())
     texts = kv_store.values_unless_gone(
         store, [f"{prefix}{j}" for j in first], deadline,
         lambda i: is_gone(first[i]))
+    is_member = set(members)
     for leader, text in zip(first, texts):
       if text is not None:
-        rows.update((j, t) for j, t in rows_of(text, leader).items()
-                    if j == leader or (j in is_member and
-                                       hosts[j] == hosts[leader]))
+        rows.update(self.posted_rows(text, leader, is_member))
     return first
+
+  def own_host(self, round_, members):
+    """The chief: {worker: row text} of its host's members, from their
+    files (acknowledged: they need not post theirs)."""
+    if self.relay.token is None or round_ == 0:  # no one gathers yet
+      return {}
+    mine = self.gather(round_, members)
+    self.acknowledge(round_, mine)
+    return mine
+
+  def posted_rows(self, text, poster, is_member):
+    """{worker: row text} of what `poster` posted: its own row and those
+    of the members (`is_member`, a set) of its host it gathered."""
+    hosts = self.relay.hosts
+    return {j: t for j, t in rows_of(text, poster).items()
+            if j == poster or (j in is_member and hosts[j] == hosts[poster])}
 
   def finish(self, round_):
     """A leader at the end: its last acknowledgements (read already)."""

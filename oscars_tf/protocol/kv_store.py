@@ -2,7 +2,8 @@
 
 The protocol modules (membership.py, rate_table.py) take any object with
 `set`, `get` and `delete` (and, optionally, `concurrent_reads`: how many
-`get`s it serves at once to good effect); tests and the control-plane
+`get`s it serves at once to good effect, and `read_dir`: every key under a
+directory in one call, or None); tests and the control-plane
 benchmark give them a `MemoryStore`. This module imports TensorFlow only
 when a `ContextStore` is made.
 """
@@ -13,6 +14,7 @@ import threading
 import time
 
 from oscars_tf.errors import WorkerLostError
+from oscars_tf.protocol import service_dir
 
 
 PROBE_EVERY_S = 0.5  # a reader checks a late writer's process this often
@@ -130,6 +132,14 @@ class MemoryStore:
       for k in [k for k in self.data if k.startswith(under)]:
         del self.data[k]
 
+  def read_dir(self, directory, timeout_s):
+    """{key: value} of every key under `directory` + "/" now (the
+    service's GetKeyValueDir); never waits."""
+    del timeout_s
+    under = directory + "/"
+    with self._cv:
+      return {k: v for k, v in self.data.items() if k.startswith(under)}
+
 
 class ContextStore:
   """TensorFlow's coordination-service key-value store."""
@@ -139,9 +149,13 @@ class ContextStore:
   # a time, 0.17 ms each with 16 in flight.
   concurrent_reads = 16
 
-  def __init__(self):
+  def __init__(self, service_address=None):
+    """`service_address`: "host:port" of the task hosting the service,
+    for `read_dir` (None: no directory reads, key by key)."""
     from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._dir = (service_dir.DirectoryReader(service_address)
+                 if service_address else None)
     self._ctx = context.context()
     self._missing = (tf.errors.DeadlineExceededError, tf.errors.NotFoundError)
     self._gone = tf.errors.UnavailableError
@@ -161,6 +175,12 @@ class ContextStore:
       raise KeyMissing(key) from None
     except self._gone as e:
       raise _service_gone(e) from None
+
+  def read_dir(self, directory, timeout_s):
+    """{key: value} of every key under `directory` + "/" now, in one RPC
+    (service_dir.py); None if the service cannot say."""
+    return None if self._dir is None else self._dir.read(directory,
+                                                         timeout_s)
 
   def delete(self, key):
     """`key` and every key under it ("key/..."): the service's

@@ -2,8 +2,9 @@
 
 At every round end each worker writes its table row to the store (on a job
 of several hosts each host's leader posts the rows of the host it gathered
-through files, and the members whose rows it holds post none, so that the
-chief reads one key a host: host_arrivals.py). The chief waits for the
+through files, and the members whose rows it holds post none:
+host_arrivals.py; the chief reads the round's keys in directory reads:
+arrival_reads.py). The chief waits for the
 members' rows, up to `straggler_timeout` seconds after its own arrival; a
 member that is not there by then (stopped, cut off, dead) is dropped from
 the round, and one whose process is gone (its server refuses
@@ -31,6 +32,7 @@ import time
 import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.protocol import arrival_reads
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import host_arrivals
@@ -327,23 +329,12 @@ class Membership:
   # -- the chief -----------------------------------------------------------
 
   def _read_arrivals(self, round_, others, rows, deadline):
-    """The rows of `others` (members but the chief) into `rows`: on a job
-    of several hosts the chief's host's from their files and every other
-    host's from its leader's key first (host_arrivals.py), then each
-    member's own key for the rest; one not there by `deadline` (or whose
-    process is gone) is left out."""
-    first = []
-    if self.arrivals is not None:
-      first = self.arrivals.read_leaders(
-          self.store, f"{PREFIX}a/{round_}/", round_, others, self.members,
-          rows, deadline, self.is_gone)
-    rest = [j for j in others if j not in rows and j not in first]
-    texts = kv_store.values_unless_gone(
-        self.store, [f"{PREFIX}a/{round_}/{j}" for j in rest], deadline,
-        lambda i: self.is_gone(rest[i]))
-    # (A member that took itself for its host's leader posted many rows.)
-    rows.update((j, host_arrivals.rows_of(t, j)[j])
-                for j, t in zip(rest, texts) if t is not None)
+    """The rows of `others` (members but the chief) into `rows`
+    (arrival_reads.py); one not there by `deadline` (or whose process is
+    gone) is left out."""
+    arrival_reads.read_arrivals(
+        self.store, f"{PREFIX}a/{round_}/", round_, others, self.members,
+        rows, deadline, self.is_gone, self.arrivals)
 
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = {0: _dump(my_row)}  # store texts, decoded at once
