@@ -10,8 +10,10 @@ in-memory store with the coordination service's semantics. The other
 workers are light clients: each posts its row and reads the round's
 decision, as a worker does, so every key-value operation and every byte out
 of the chief is counted (on several hosts, each host's leader posts the
-host's rows with its own and the chief's real code reads one key a host:
-protocol/host_arrivals.py, `--host_arrivals`). Speeds are SIMULATED:
+host's rows with its own: protocol/host_arrivals.py, `--host_arrivals`;
+the chief's real code reads the round's keys in directory reads,
+protocol/arrival_reads.py, or one key a host with `--read_dir=false`).
+Speeds are SIMULATED:
 lognormal step rates (seeded), `--workers_per_host` workers per host; a
 worker's compute time in a round is
 its planned steps over its true rate, so the plan's quality shows as the

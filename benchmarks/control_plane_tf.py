@@ -38,6 +38,9 @@ reads the round's changes and passes them to the host's others in a file
 `--dedicated_service` hosts the service in one more process, the
 cluster's `coordinator` task (oscars_tf/coordinator.py), instead of in the
 chief's: its CPU per slot is then reported apart ("service ms").
+The chief reads each round's arrivals in directory reads of the service
+(GetKeyValueDir over gRPC: protocol/service_dir.py, arrival_reads.py);
+`--read_dir=false` reads them key by key, as before 2026-12-03.
 
 Per N: the chief's round CPU time (`time.process_time`: all its threads,
 the `--concurrent_reads` readers and the service it hosts among them;
