@@ -140,13 +140,15 @@ def test_rows_acknowledged_by_a_leader_that_then_dies_are_kept(tmp_path):
 
 def test_a_row_later_than_the_gathering_is_read_from_its_own_key(tmp_path):
   store = ArrivalReads()
+  # The gathering is long enough for threads on a loaded machine (worker 8
+  # must reach its leader's files in it), and worker 7 far later.
   ws = _job(store, [str(tmp_path)] * len(HOSTS), straggler=10.0,
-            gather_s=0.05)
+            gather_s=0.3)
   _round(ws, 0)
   _round(ws, 1)
   # Worker 7 arrives well after its leader (6) stopped gathering.
   saved = ws[7].arrivals.posts_saved
-  d = _round(ws, 2, late=7, late_s=0.6)
+  d = _round(ws, 2, late=7, late_s=1.2)
   assert d.members == tuple(range(9)) and d.dropped == ()
   assert sorted(store.asked[2]) == [3, 6, 7]
   # The acknowledgement it found did not name it: it posted its own.
@@ -201,7 +203,9 @@ def test_a_chief_without_its_hosts_files_reads_the_other_hosts_rows(
     if j < 3:
       (tmp_path / str(j)).mkdir()
     dirs.append(str(tmp_path / (str(j) if j < 3 else "shared")))
-  ws = _job(store, dirs, gather_s=0.05)
+  # Long enough that each leader's mates reach its files on a loaded
+  # machine (with 0.05 s one could miss and post its own key).
+  ws = _job(store, dirs, gather_s=0.5)
   rounds = 2 + host_arrivals.MISSES_TO_STOP
   for r in range(rounds):
     d = _round(ws, r)
