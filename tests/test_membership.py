@@ -207,10 +207,14 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
   # deleted, one key per round for ever.
   monkeypatch.setattr(membership, "KEEP_ROUNDS", 20)
   store = FakeStore()
-  ws = _workers(store, 2, straggler=0.05)
+  # A long straggler timeout but in the rounds meant to drop worker 1: a
+  # pause of a thread on a loaded machine must not drop it in another.
+  ws = _workers(store, 2, straggler=5.0)
   for r in range(600):
     if r % 50 == 7:  # worker 1 is late: dropped, then back at a later round
+      ws[0].straggler_timeout = 0.05
       _run([lambda: ws[0].exchange(r, _row(0))])
+      ws[0].straggler_timeout = 5.0
       late, errs = _run([lambda: ws[1].exchange(r, _row(1)),
                          lambda: _rejoin_round(ws[0], store, r + 1)])
       assert errs == [None, None] and late[0].round == r + 1, errs
