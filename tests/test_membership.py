@@ -254,17 +254,35 @@ def test_a_long_run_keeps_the_store_bounded():
   rounds = 100_000  # the bound: 100,000 rounds
   store = FakeStore()
   ws = _workers(store, 2, straggler=5.0)
-  sizes = []
+  sizes, done = [], [0, 0]  # rounds each worker finished
+  errors = [None, None]
 
   def worker(w):
-    for r in range(rounds):
-      w.exchange(r, _row(w.me))
-      if w.me == 0 and r % 25_000 == 24_999:
-        # Worker 1 may have posted its next arrival already (a race the
-        # count must not depend on): that key is not a leak.
-        nxt = f"{membership.PREFIX}a/{r + 1}/"
-        sizes.append(sum(not k.startswith(nxt) for k in list(store.data)))
-  _, errors = _run([lambda w=w: worker(w) for w in ws], timeout=300)
+    try:
+      for r in range(rounds):
+        w.exchange(r, _row(w.me))
+        done[w.me] = r + 1
+        if w.me == 0 and r % 25_000 == 24_999:
+          # Worker 1 may have posted its next arrival already (a race the
+          # count must not depend on): that key is not a leak.
+          nxt = f"{membership.PREFIX}a/{r + 1}/"
+          sizes.append(sum(not k.startswith(nxt) for k in list(store.data)))
+    except BaseException as e:  # pylint: disable=broad-except
+      errors[w.me] = e
+  threads = [threading.Thread(target=worker, args=(w,), daemon=True)
+             for w in ws]
+  for t in threads:
+    t.start()
+  # ~90 s alone on 2 cores; a loaded machine may take several times that.
+  # A hang is no round finished in 30 s (the whole run stays bounded by
+  # pytest's timeout), not a total time that only an idle machine meets.
+  before = None
+  while any(t.is_alive() for t in threads):
+    threads[0].join(30)
+    threads[1].join(0.01)
+    assert done != before or not any(t.is_alive() for t in threads), (
+        f"no round finished in 30 s: {done}")
+    before = list(done)
   assert errors == [None, None]
   assert max(sizes) <= (membership.KEEP_ROUNDS + membership.KEEP_SNAPSHOTS
                         + 3), sizes
