@@ -133,13 +133,16 @@ def test_every_one_equals_synchronous_sgd():
 def test_no_hidden_barrier_with_a_slow_worker():
   """A sleeping worker must not slow the others between averaging points."""
   params = {"every": 1000, "epochs": 1, "batch_size": 16}
+  slow_ms = 40
   base = multiworker.run("fit", 2, params).outputs[0]
   slow = multiworker.run("fit", 2, dict(params, slow_worker=1,
-                                        slow_ms=40)).outputs[0]
+                                        slow_ms=slow_ms)).outputs[0]
   # Step 0 holds the first trace and the start-of-training broadcast.
   base_step = float(np.median(base["step_times"][1:]))
   slow_step = float(np.median(slow["step_times"][1:]))
-  assert slow_step < base_step + 0.010, (base_step, slow_step)
+  # A barrier would add the slow worker's whole sleep to every step; half
+  # of it leaves room for the two jobs running under different load.
+  assert slow_step < base_step + 0.5e-3 * slow_ms, (base_step, slow_step)
   # One averaging collective per planned point: only the epoch end here.
   assert slow["stats"]["syncs"] == 1
 
@@ -248,7 +251,10 @@ def test_a_worker_stalled_at_an_epoch_end_does_not_hold_the_others():
   gaps = np.diff([t for t, _ in chief["epoch_ends"]])
   waits = [(r["round"], r["wait_s"]) for r in chief["rounds"]
            if r["wait_s"] > 0.5]
-  assert gaps[1] - np.median(gaps) < 2 * straggler_s + 1.0, (gaps, waits)
+  # Waiting out the stall would add about stall_s; the bound sits halfway
+  # between that and the two timeouts, so load on the machine is no fail.
+  assert gaps[1] - np.median(gaps) < (2 * straggler_s + stall_s) / 2, (
+      gaps, waits)
   dropped = [r["round"] for r in chief["rounds"] if 2 in r["dropped"]]
   back = [r["round"] for r in chief["rounds"] if 2 in r["rejoined"]]
   assert dropped and back and dropped[-1] < back[-1], (dropped, back)
