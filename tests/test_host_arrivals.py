@@ -8,7 +8,10 @@ the chief reading its own key, with the same decision.
 Workers are threads on an in-memory store; a "host's" file directory is a
 pytest tmp_path."""
 
+import glob
 import math
+import os
+import pathlib
 import time
 
 from fake_store import FakeStore, run_threads
@@ -221,3 +224,26 @@ def test_gathered_text_round_trip():
   text = host_arrivals.gathered_text(rows)
   assert host_arrivals.rows_of(text, 4) == rows
   assert host_arrivals.rows_of("AAAAAA==", 7) == {7: "AAAAAA=="}
+
+
+def test_a_leader_removes_its_hosts_late_rows_without_listing_the_directory(
+    tmp_path, monkeypatch):
+  # Hosts that share a directory (emulated hosts, a shared file system):
+  # a leader listing it every round would cost O(every host's files) each.
+  store = ArrivalReads()
+  ws = _job(store, [str(tmp_path)] * len(HOSTS), gather_s=0.3)
+  for r in range(4):
+    _round(ws, r)
+  # Worker 8's row of round 2 came after its leader (6) gathered, and
+  # worker 8 then left: only its leader can remove it. A row of the same
+  # round on another host is that host's leader's to remove.
+  late = pathlib.Path(ws[6].arrivals._path(2, 8))  # pylint: disable=protected-access
+  late.write_text("row", encoding="ascii")
+
+  def no_listing(*args, **kwargs):
+    raise AssertionError(f"the directory was listed: {args}")
+  for module, name in ((glob, "glob"), (glob, "iglob"), (os, "listdir"),
+                       (os, "scandir")):
+    monkeypatch.setattr(module, name, no_listing)
+  d = _round(ws, 4, who=range(8))
+  assert d.dropped == (8,) and not late.exists()

@@ -84,7 +84,10 @@ def read_by_directory(store, prefix, others, rows, deadline, is_gone,
       except ValueError:
         continue
       if poster in wanted:
-        _take(rows, posted_rows(text, poster), wanted)
+        if host_arrivals.is_gathered(text):
+          _take(rows, posted_rows(text, poster), wanted)
+        else:  # its poster's own row (most keys: no parsing)
+          rows[poster] = text
     missing = [j for j in others if j not in rows and j not in gone]
     if len(missing) <= TAIL or _left(deadline) <= 0:
       break
