@@ -124,14 +124,27 @@ def test_the_dead_worker_is_dropped_once_and_never_back(job):
 
 def test_groups_follow_speed_not_hosts(job):
   """In every round planned from a table whose measured rates separate the
-  fast workers from the slow ones, each group holds one kind only (after
-  the death, 7 fast workers in groups of 4 share one group with a slow
-  one at most), and at most four; some groups cross the two hosts (the
-  second host's 2 fast workers cannot fill a group of 4 alone)."""
+  fast workers from the slow ones, each group the planner made afresh
+  holds one kind only (after the death, 7 fast workers in groups of 4
+  share one group with a slow one at most), and at most four; some groups
+  cross the two hosts (the second host's 2 fast workers cannot fill a
+  group of 4 alone).
+
+  Groups the planner kept from the round before are not held to that: it
+  keeps them while a regroup would not narrow them by REGROUP_GAIN
+  (planner.stable_groups), and a fast worker measured slow in round 0 (its
+  first step beside 15 others tracing) can leave mixed groups that a
+  barely separated table does not undo (a CI run: worker 12 at 11.6 steps/s
+  against the slow ones' 10.5). A planner grouping by host would make no
+  fresh speed-only grouping at all."""
   chief = job.outputs[0]["rounds"]
-  checked, crossing = 0, 0
+  checked, fresh, crossing = 0, 0, 0
+  last_groups = None  # of the last round that was not a global sync
   for before, r in zip(chief, chief[1:]):
-    if r["global_sync"] or "table_rates" not in before:
+    if r["global_sync"]:
+      continue
+    kept, last_groups = r["groups"] == last_groups, r["groups"]
+    if "table_rates" not in before:
       continue
     rates = before["table_rates"]
     fast = [rates[i] for i in before["members"] if i not in SLOW]
@@ -139,12 +152,16 @@ def test_groups_follow_speed_not_hosts(job):
     if not (fast and slow and min(fast) > max(slow)):
       continue  # rates not yet (or not clearly) measured
     checked += 1
+    assert max(len(g) for g in r["groups"]) <= 4, (r["round"], r["groups"])
+    crossing += sum(len({HOSTS[i] for i in g}) > 1 for g in r["groups"])
+    if kept:
+      continue
+    fresh += 1
     mixed = [g for g in r["groups"] if len({i in SLOW for i in g}) > 1]
     assert len(mixed) <= (0 if VICTIM in r["members"] else 1), (
         r["round"], r["groups"], rates)
-    assert max(len(g) for g in r["groups"]) <= 4, (r["round"], r["groups"])
-    crossing += sum(len({HOSTS[i] for i in g}) > 1 for g in r["groups"])
   print(f"\n16 workers: {len(chief)} rounds, {checked} speed-grouped rounds "
-        f"checked, {crossing} groups across the two hosts")
-  assert checked >= 2 and crossing >= 1, [
+        f"checked ({fresh} grouped afresh), {crossing} groups across the two "
+        "hosts")
+  assert checked >= 2 and fresh >= 1 and crossing >= 1, [
       (r["round"], r["global_sync"], r["groups"]) for r in chief]
