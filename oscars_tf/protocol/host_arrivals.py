@@ -85,7 +85,10 @@ class HostArrivals:
     self.waits_for_acks = True
     self._unacknowledged = None
     self.posts_saved = 0  # rounds a member posted nothing (acknowledged)
-    self._on_host = None  # this host's workers (made once)
+    # Every worker of this host in the job, itself too (members or not:
+    # one dropped, or this one before it led, may have left a row).
+    mine = relay.hosts[relay.me]
+    self._on_host = tuple(j for j, h in enumerate(relay.hosts) if h == mine)
 
   @classmethod
   def for_member(cls, relay, straggler_timeout):
@@ -195,19 +198,10 @@ class HostArrivals:
     # a listing of the directory costs O(its files), and where hosts share
     # it (emulated hosts, a shared file system) every leader would list
     # every host's files each round (1,500 at 1,024 workers here).
-    for j in self._host_workers():
+    for j in self._on_host:
       host_relay.remove_file(self._path(round_ - 2, j))
     self._count(len(rows))
     return rows
-
-  def _host_workers(self):
-    """Every worker of this host in the job, itself too (members or not:
-    one dropped, or this one before it led, may have left a row)."""
-    if self._on_host is None:
-      mine = self.relay.hosts[self.relay.me]
-      self._on_host = tuple(j for j, h in enumerate(self.relay.hosts)
-                            if h == mine)
-    return self._on_host
 
   def post(self, store, key, round_, text, members):
     """A worker other than the chief arrives in `round_` with `text` (its
