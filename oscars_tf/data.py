@@ -10,6 +10,9 @@ any size. `mnist`, `fashion_mnist` and `cifar10` come through
 what to use instead. No TensorFlow import at module level.
 """
 
+import importlib.metadata
+import os
+
 import numpy as np
 
 from oscars_tf.errors import OscarsError
@@ -44,17 +47,32 @@ def digits(test_fraction=0.2, seed=0, images=False):
 
   x has shape (n, 64), or (n, 8, 8, 1) with `images`.
   """
+  data, target = _digits_table()
+  x = data.reshape(-1, 8, 8, 1) if images else data
+  x = (x / 16.0).astype(np.float32)
+  y = target.astype(np.int32)
+  return _split(x, y, test_fraction, seed)
+
+
+def _digits_table():
+  """(pixels (n, 64), labels (n,)) of scikit-learn's bundled digits.
+
+  Read straight from the CSV inside the installed wheel: importing
+  scikit-learn costs a second or more of CPU in every worker process.
+  """
   try:
-    from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  except ImportError:
+    wheel = importlib.metadata.distribution("scikit-learn")
+  except importlib.metadata.PackageNotFoundError:
     raise ImportError("the 'digits' data set comes with scikit-learn: "
                       "pip install 'oscars_tf[examples]' (or scikit-learn), "
                       "or use the 'synthetic' data set.") from None
-  bunch = load_digits()
-  x = bunch.images[..., None] if images else bunch.data
-  x = (x / 16.0).astype(np.float32)
-  y = bunch.target.astype(np.int32)
-  return _split(x, y, test_fraction, seed)
+  path = wheel.locate_file("sklearn/datasets/data/digits.csv.gz")
+  if not os.path.exists(path):  # a layout we do not know: ask scikit-learn
+    from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+    bunch = load_digits()
+    return bunch.data, bunch.target
+  table = np.loadtxt(path, delimiter=",")
+  return table[:, :-1], table[:, -1]
 
 
 def synthetic(num_samples=4096, num_features=32, num_classes=10, seed=0,

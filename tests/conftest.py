@@ -1,10 +1,12 @@
-"""Test-process setup: two logical CPU devices, quiet TensorFlow logs, and
-the benchmarks' helper modules importable.
+"""Test-process setup: two logical CPU devices, quiet TensorFlow logs, the
+benchmarks' helper modules importable, and Keras's optional imports hidden
+in this process and every process it starts (startup/sitecustomize.py).
 
 Logical devices must be configured before TensorFlow's runtime starts, so it
 happens here, before any test module runs an op.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -19,6 +21,16 @@ os.environ.pop("TF_CONFIG", None)
 sys.path.append(os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "benchmarks"))
+
+# Before TensorFlow's import here, and (PYTHONPATH) in every child: workers,
+# the launcher, examples and benchmarks.
+_STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_STARTUP] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                  if p and p != _STARTUP])
+_spec = importlib.util.spec_from_file_location(
+    "oscars_test_startup", os.path.join(_STARTUP, "sitecustomize.py"))
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

@@ -56,11 +56,15 @@ def _row(worker, round_):
           0.1]
 
 
-def _job(store, directories, straggler=1.0, gather_s=5.0, gone=()):
+def _job(store, directories, straggler=1.0, gather_s=5.0, gone=(),
+         relay_grace_s=5.0):
+  """`relay_grace_s`: how long a member waits for its leader's decision
+  file (the whole of it, every round, where the host shares no files)."""
   ws = [membership.Membership(
       store, i, len(HOSTS), straggler, 20.0, first_round_timeout=5.0,
       is_gone=lambda j: j in gone,
-      relay=host_relay.HostRelay(HOSTS, i, directories[i], grace_s=5.0))
+      relay=host_relay.HostRelay(HOSTS, i, directories[i],
+                                 grace_s=relay_grace_s))
         for i in range(len(HOSTS))]
   for w in ws:
     w.arrivals.gather_s = gather_s
@@ -165,7 +169,7 @@ def test_without_a_shared_file_system_leaders_stop_looking(tmp_path):
   for j in range(len(HOSTS)):
     (tmp_path / str(j)).mkdir()
     dirs.append(str(tmp_path / str(j)))
-  ws = _job(store, dirs, gather_s=0.05)
+  ws = _job(store, dirs, gather_s=0.05, relay_grace_s=1.0)
   rounds = 2 + host_arrivals.MISSES_TO_STOP
   for r in range(rounds):
     d = _round(ws, r)
@@ -208,7 +212,7 @@ def test_a_chief_without_its_hosts_files_reads_the_other_hosts_rows(
     dirs.append(str(tmp_path / (str(j) if j < 3 else "shared")))
   # Long enough that each leader's mates reach its files on a loaded
   # machine (with 0.05 s one could miss and post its own key).
-  ws = _job(store, dirs, gather_s=0.5)
+  ws = _job(store, dirs, gather_s=0.5, relay_grace_s=1.0)
   rounds = 2 + host_arrivals.MISSES_TO_STOP
   for r in range(rounds):
     d = _round(ws, r)

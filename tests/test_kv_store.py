@@ -132,3 +132,21 @@ def test_reads_from_an_atexit_handler_still_read_every_key():
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "READ ['0', '1', '2', '3', '4', '5', None]" in proc.stdout, (
       proc.stdout, proc.stderr[-2000:])
+
+
+def test_the_memory_store_deletes_and_reads_a_directory_not_its_neighbours():
+  store = kv_store.MemoryStore()
+  for key in ("r/1", "r/1/a", "r/1/b/c", "r/10", "r/10/a", "r/1x", "r/0/a",
+              "s/1/a", "r/1/\u00e9"):
+    store.set(key, key.upper())
+  assert store.read_dir("r/1", 0) == {"r/1/a": "R/1/A", "r/1/b/c": "R/1/B/C",
+                                      "r/1/\u00e9": "R/1/\u00c9"}
+  assert store.read_dir("r/2", 0) == {}
+  store.delete("r/1")
+  assert sorted(store.data) == ["r/0/a", "r/10", "r/10/a", "r/1x", "s/1/a"]
+  store.delete("r/10/a")
+  store.delete("nothing")
+  assert sorted(store.data) == ["r/0/a", "r/10", "r/1x", "s/1/a"]
+  store.set("r/1/a", "again")  # a deleted key can be set again
+  assert store.read_dir("r", 0) == {"r/0/a": "R/0/A", "r/1/a": "again",
+                                    "r/10": "R/10", "r/1x": "R/1X"}
