@@ -15,7 +15,7 @@ setuptools.setup(
     extras_require={
         "examples": ["scikit-learn"],
         "benchmarks": ["scikit-learn", "matplotlib"],
-        "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn",
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "scikit-learn",
                  "selenium", "matplotlib", "pandas", "tf_keras", "ruff"],
     },
     package_data={"oscars_tf.observability.dashboard": ["static/*.js"]},

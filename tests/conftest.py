@@ -24,12 +24,12 @@ sys.path.append(os.path.join(
 
 # Before TensorFlow's import here, and (PYTHONPATH) in every child: workers,
 # the launcher, examples and benchmarks.
-_STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_STARTUP] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                  if p and p != _STARTUP])
+    [STARTUP] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                  if p and p != STARTUP])
 _spec = importlib.util.spec_from_file_location(
-    "oscars_test_startup", os.path.join(_STARTUP, "sitecustomize.py"))
+    "oscars_test_startup", os.path.join(STARTUP, "sitecustomize.py"))
 _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top

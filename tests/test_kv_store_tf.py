@@ -4,10 +4,13 @@ with one call, a directory delete; the chief reads them in one directory
 read, or key by key from threads). Runs a one-task cluster in a child
 process: a process joins one cluster only."""
 
+import os
 import pathlib
 import subprocess
 import sys
 import textwrap
+
+import conftest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -81,7 +84,7 @@ def test_the_coordination_service_deletes_a_directory_and_refuses_overwrites():
   proc = subprocess.run(
       [sys.executable, "-c", _CHILD], capture_output=True, text=True,
       timeout=120, cwd=ROOT,
-      env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+      env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin",
            "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
