@@ -28,6 +28,16 @@ STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [STARTUP] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                   if p and p != STARTUP])
+
+
+def bare_env(**extra):
+  """A child's whole environment, for tests that run a script as a user
+  with nothing set would: the repository and the startup hook on the path."""
+  repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+  return {"PYTHONPATH": os.pathsep.join([repo, STARTUP]),
+          "PATH": "/usr/bin:/bin", **extra}
+
+
 _spec = importlib.util.spec_from_file_location(
     "oscars_test_startup", os.path.join(STARTUP, "sitecustomize.py"))
 _spec.loader.exec_module(importlib.util.module_from_spec(_spec))

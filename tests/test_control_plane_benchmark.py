@@ -3,7 +3,6 @@ no timing is asserted): the protocol's key-value operations per round are
 O(workers) and its live keys do not grow with rounds or faults."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -21,7 +20,7 @@ def test_the_control_plane_benchmark_writes_complete_sane_results(tmp_path):
       [sys.executable, str(ROOT / "benchmarks" / "control_plane.py"),
        "--workers=16,64", "--rounds=8", "--fault_round=4",
        f"--result_json={out}"], capture_output=True, text=True, timeout=300,
-      cwd=ROOT, env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin"})
+      cwd=ROOT, env=conftest.bare_env())
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "SIMULATED" in proc.stdout
   result = json.loads(out.read_text())
@@ -50,7 +49,7 @@ def test_with_deltas_the_members_read_changes_not_the_whole_table(tmp_path):
        "--workers=64", "--rounds=8", "--fault_round=4",
        "--distribution=deltas", f"--result_json={out}"],
       capture_output=True, text=True, timeout=300, cwd=ROOT,
-      env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin"})
+      env=conftest.bare_env())
   assert proc.returncode == 0, proc.stderr[-2000:]
   r = json.loads(out.read_text())["results"][0]
   assert r["dropped"] == 2 and r["rejoined"] == 1, r
@@ -73,8 +72,8 @@ def test_the_global_sync_benchmark_runs_both_averagers(tmp_path, shape,
        *shape, "--params=1001", "--repeats=1",
        f"--result_json={out}"], capture_output=True, text=True, timeout=300,
       cwd=ROOT / "benchmarks",
-      env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin",
-           "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})
+      env=conftest.bare_env(CUDA_VISIBLE_DEVICES="",
+                           TF_CPP_MIN_LOG_LEVEL="2"))
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "no heterogeneity" in proc.stdout
   rows = {r["averager"]: r for r in json.loads(out.read_text())["results"]}

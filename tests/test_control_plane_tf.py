@@ -36,7 +36,7 @@ def test_four_tasks_over_the_real_service_measure_and_end(tmp_path,
        "--death_round=3", f"--log={tmp_path / 'tasks.log'}",
        f"--dedicated_service={dedicated}",
        f"--result_json={out}"], capture_output=True, text=True, timeout=170,
-      cwd=ROOT, env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin"})
+      cwd=ROOT, env=conftest.bare_env())
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "SIMULATED" in proc.stdout
   result = json.loads(out.read_text())
@@ -71,7 +71,7 @@ def test_light_clients_as_threads_count_as_workers_and_die_with_their_process(
        "--clients=9", "--clients_per_process=4", "--rounds=6", "--warmup=2",
        "--slot_s=0.5", "--death_round=4", f"--log={tmp_path / 'tasks.log'}",
        f"--result_json={out}"], capture_output=True, text=True, timeout=170,
-      cwd=ROOT, env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin"})
+      cwd=ROOT, env=conftest.bare_env())
   assert proc.returncode == 0, proc.stderr[-2000:]
   [r] = json.loads(out.read_text())["results"]
   assert r["workers"] == 9 and r["processes"] == 3, r
@@ -103,7 +103,7 @@ def test_hosts_post_their_rows_once_and_pass_the_decision_on_in_files(
        "--rounds=6", "--warmup=2", "--slot_s=2", "--death_round=4",
        f"--log={tmp_path / 'tasks.log'}", f"--result_json={out}"],
       capture_output=True, text=True, timeout=170, cwd=ROOT,
-      env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin"})
+      env=conftest.bare_env())
   assert proc.returncode == 0, proc.stderr[-2000:]
   [r] = json.loads(out.read_text())["results"]
   assert r["workers"] == 9 and r["dropped"] == 4, r

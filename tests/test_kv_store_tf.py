@@ -4,7 +4,6 @@ with one call, a directory delete; the chief reads them in one directory
 read, or key by key from threads). Runs a one-task cluster in a child
 process: a process joins one cluster only."""
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -84,8 +83,8 @@ def test_the_coordination_service_deletes_a_directory_and_refuses_overwrites():
   proc = subprocess.run(
       [sys.executable, "-c", _CHILD], capture_output=True, text=True,
       timeout=120, cwd=ROOT,
-      env={"PYTHONPATH": os.pathsep.join([str(ROOT), conftest.STARTUP]), "PATH": "/usr/bin:/bin",
-           "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})
+      env=conftest.bare_env(CUDA_VISIBLE_DEVICES="",
+                           TF_CPP_MIN_LOG_LEVEL="2"))
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
