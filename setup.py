@@ -15,8 +15,9 @@ setuptools.setup(
     extras_require={
         "examples": ["scikit-learn"],
         "benchmarks": ["scikit-learn", "matplotlib"],
-        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "scikit-learn",
-                 "selenium", "matplotlib", "pandas", "tf_keras", "ruff"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis",
+                 "scikit-learn", "selenium", "matplotlib", "pandas",
+                 "tf_keras", "ruff"],
     },
     package_data={"oscars_tf.observability.dashboard": ["static/*.js"]},
     entry_points={

@@ -231,11 +231,10 @@ def _child(case):
 
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_sharded_sum_is_the_weighted_average_on_every_member(case):
-  # conftest.STARTUP by path: the child runs this module, and importing
-  # conftest there would set up its devices.
-  startup = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([startup] + sys.path),
-             CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+  # PYTHONPATH as conftest set it (the startup hook first), then this path.
+  path = os.pathsep.join([os.environ["PYTHONPATH"]] + sys.path)
+  env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="",
+             TF_CPP_MIN_LOG_LEVEL="2")
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), case],
                         capture_output=True, text=True, timeout=300,
                         env=env, check=False)
