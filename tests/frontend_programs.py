@@ -46,7 +46,16 @@ class _Cases:
     self.me = strategy.worker_index
 
   def model(self, steps_per_execution=1, inputs=None, recorder=None,
-            hidden=16):
+            hidden=16, policy=None):
+    keras = self.keras
+    if policy:  # the model's layers and compile's optimizer take it
+      keras.mixed_precision.set_global_policy(policy)
+    try:
+      return self._compiled(steps_per_execution, inputs, recorder, hidden)
+    finally:
+      keras.mixed_precision.set_global_policy("float32")
+
+  def _compiled(self, steps_per_execution, inputs, recorder, hidden):
     keras = self.keras
     with self.strategy.scope():
       if inputs == "dict":
@@ -188,6 +197,25 @@ class _Cases:
     return model.fit(self.x, self.y, batch_size=BATCH, epochs=3, verbose=1,
                      callbacks=cb)
 
+  def mixed_precision(self, model, cb):
+    # mixed_float16: compile wrapped the optimizer for loss scaling (tf_keras
+    # allows that only under the strategies it lists).
+    if not type(model.optimizer).__name__.startswith("LossScaleOptimizer"):
+      raise AssertionError(f"no loss scaling: {type(model.optimizer)}")
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb)
+
+  def moving_average(self, model, cb):
+    # use_ema=True: fit ends by copying each worker's moving averages into
+    # its weights; they must agree too.
+    keras = self.keras
+    with self.strategy.scope():
+      model.compile(optimizer=keras.optimizers.SGD(0.05, use_ema=True),
+                    loss=keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True))
+    return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb)
+
   def steps_per_execution(self, model, cb):
     return model.fit(self.x, self.y, batch_size=BATCH, epochs=2, verbose=0,
                      callbacks=cb, validation_data=(self.x, self.y))
@@ -222,8 +250,31 @@ class _Cases:
       loaded = self.keras.models.load_model(path)
     loaded.fit(self.x, self.y, batch_size=BATCH, epochs=1, verbose=0,
                callbacks=cb)
-    self.loaded = loaded
+    self.final = loaded  # the weights the test compares
     return history
+
+  def text_vectorization(self, model, cb):
+    # A model of its own: strings in, a vocabulary lookup among its weights
+    # (tf_keras lists the table's handler, not a variable, in
+    # non_trainable_weights).
+    del model
+    keras = self.keras
+    words = np.array([[" ".join(f"w{(i * 7 + j) % 11}" for j in range(3))]
+                      for i in range(N)])
+    with self.strategy.scope():
+      vectorize = keras.layers.TextVectorization(max_tokens=16,
+                                                 output_sequence_length=3)
+      vectorize.adapt(words)
+      text = keras.Sequential([
+          keras.Input((1,), dtype="string"), vectorize,
+          keras.layers.Embedding(16, 4),
+          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(CLASSES)])
+      text.compile(optimizer=keras.optimizers.SGD(0.05),
+                   loss=keras.losses.SparseCategoricalCrossentropy(
+                       from_logits=True))
+    self.final = text
+    data = self.tf.data.Dataset.from_tensor_slices((words, self.y))
+    return text.fit(data.batch(BATCH), epochs=2, verbose=0, callbacks=cb)
 
   def _k3(self):
     return not self.keras.__name__.startswith("tf_keras")
@@ -252,15 +303,18 @@ def main(params):
                 else None)
     model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None,
                         recorder=recorder,
-                        hidden=24 if name == "another_model_size" else 16)
+                        hidden=24 if name == "another_model_size" else 16,
+                        policy=("mixed_float16" if name == "mixed_precision"
+                                else None))
     counter = _step_counter(keras, strategy, seen)
     rounds_before = len(strategy.round_history)
     history = getattr(cases, name)(model, [counter])
     returned_at = time.time()  # one clock for all workers (one machine)
     rounds = strategy.round_history[rounds_before:]
-    final = getattr(cases, "loaded", None) if name == "save_and_load" else (
-        model)
-    flat = np.concatenate([np.ravel(v.numpy()) for v in final.weights])
+    final = cases.__dict__.pop("final", None) or model
+    arrays = [np.asarray(v.numpy()) for v in final.weights
+              if hasattr(v, "numpy")]  # not tf_keras' lookup table handler
+    flat = np.concatenate([np.ravel(a) for a in arrays if a.dtype.kind == "f"])
     out["cases"][name] = {
         "weights": flat.astype(np.float64).tolist(),
         "batches": counter.batches,

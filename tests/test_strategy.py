@@ -373,3 +373,33 @@ def test_fit_never_deletes_an_input_iterator_on_the_training_thread(
   gc.collect()
   alive = [i for i, ref in enumerate(made) if ref() is not None]
   assert not alive, f"iterators {alive} of {len(made)} outlived fit"
+
+
+def test_only_floating_point_variables_are_averaged():
+  from oscars_tf.distribute import replicas  # pylint: disable=g-import-not-at-top
+
+  class TableHandler:  # as tf_keras' TrackableWeightHandler: no dtype
+    pass
+  assert replicas.is_float(tf.Variable(1.0))
+  assert replicas.is_float(keras.Variable(1.0))
+  assert not replicas.is_float(tf.Variable(1))
+  assert not replicas.is_float(TableHandler())
+
+
+@pytest.mark.parametrize("optimizer, compile_args, match", [
+    (lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), {},
+     "gradient_accumulation_steps=2 cannot train"),
+    (lambda: keras.optimizers.SGD(0.1), {"steps_per_execution": "auto"},
+     r"steps_per_execution=\.\.\.\) must be a positive int, got 'auto'"),
+])
+def test_what_keras_3_cannot_train_is_a_clear_error_at_fit(
+    oscars, optimizer, compile_args, match):
+  # Plain Keras 3.15 fails on both deep inside its train step (a TypeError;
+  # a merge_call refused in a cond, under MirroredStrategy too).
+  x, y = _data()
+  with oscars.scope():
+    model = _model()
+    model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+                  **compile_args)
+  with pytest.raises(ValueError, match=match):
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)

@@ -14,6 +14,17 @@ def key_of(variables):
   return tuple(id(component_variables(v)[0]) for v in variables)
 
 
+def moving_averages(optimizer):
+  """The optimizer's moving averages of the weights (`use_ema=True`, Keras 3
+  and tf_keras). `fit` ends by copying them into the weights, so they are
+  part of the model every worker must end with: averaged with it (a mean
+  of moving averages is the moving average of the mean)."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+  if not getattr(inner, "use_ema", False):
+    return []
+  return list(getattr(inner, "_model_variables_moving_average", None) or [])
+
+
 class AveragedVariables:
   """The model and optimizer that Keras or the user registered, and the
   variables averaged from them."""
@@ -47,7 +58,8 @@ class AveragedVariables:
       chosen = updated
     else:
       chosen = (list(self.model.trainable_weights) +
-                list(self.model.non_trainable_weights))
+                list(self.model.non_trainable_weights) +
+                moving_averages(self.optimizer))
       if self.optimizer_state == "average" and self.optimizer is not None:
         skip = {id(getattr(self.optimizer, "iterations", None))}
         chosen += [v for v in self.optimizer.variables if id(v) not in skip]

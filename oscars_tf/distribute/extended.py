@@ -18,6 +18,7 @@ where those meet TensorFlow's strategy contract:
 
 import atexit
 import contextlib
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -334,7 +335,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
     `plan_changes.quantized`). Every worker must use the same."""
-    self._book.step_quantum = max(1, int(steps))
+    if (isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or
+        steps < 1):
+      raise ValueError("OscarsStrategy: compile(steps_per_execution=...) must "
+                       f"be a positive int, got {steps!r}.")
+    self._book.step_quantum = int(steps)
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""

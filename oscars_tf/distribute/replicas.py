@@ -54,7 +54,11 @@ def component_variables(var):
 
 
 def is_float(var):
-  return component_variables(var)[0].dtype.is_floating
+  """Whether `var` is a floating-point variable; False for what is not a
+  variable at all (tf_keras lists a lookup table's TrackableWeightHandler,
+  e.g. TextVectorization's vocabulary, among a model's weights)."""
+  dtype = getattr(component_variables(var)[0], "dtype", None)
+  return isinstance(dtype, tf.dtypes.DType) and dtype.is_floating
 
 
 def read_values(variables, local_sgd):

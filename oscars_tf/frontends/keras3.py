@@ -56,6 +56,19 @@ def _worker_callbacks(callbacks, strategy, info):
   return callbacks
 
 
+def _check_fit(model):
+  """Keras 3 applies accumulated gradients in a `cond` whose branch needs
+  the strategy's merge_call, which TensorFlow refuses there: under
+  MirroredStrategy too, fit fails on its first step deep inside Keras."""
+  steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
+  if steps:
+    raise ValueError(
+        f"OscarsStrategy: the optimizer's gradient_accumulation_steps={steps} "
+        "cannot train under a tf.distribute strategy in Keras "
+        f"{keras.__version__} (MirroredStrategy fails the same way): "
+        "compile without it (and a larger batch_size where memory allows).")
+
+
 _FRONTEND = method_wrappers.Frontend(
     strategy_attribute="_distribute_strategy",
     inputs=keras3_inputs.FLAVOUR,
@@ -64,7 +77,8 @@ _FRONTEND = method_wrappers.Frontend(
     steps_per_execution=lambda model: model.steps_per_execution,
     worker_callbacks=_worker_callbacks,
     planned_progbar=_planned_progbar,
-    input_scope=keras3_inputs.epoch_iterators)
+    input_scope=keras3_inputs.epoch_iterators,
+    check_fit=_check_fit)
 
 
 def missing_hooks():

@@ -54,6 +54,9 @@ class Frontend:
   before_call: Callable = _nothing
   # (user callbacks, strategy, info): after `fit`, however it ended.
   after_fit: Callable = _nothing
+  # (model): before `fit`; raises a clear error for what this flavour
+  # cannot train under a tf.distribute strategy.
+  check_fit: Callable = _nothing
 
   def extended_of(self, model):
     """The extended of `model`'s OscarsStrategy, or None under any other."""
@@ -106,6 +109,7 @@ class Frontend:
     """Rewrites `fit`'s arguments for this worker, in place; returns whether
     epochs are planned."""
     info = extended.cluster
+    self.check_fit(model)
     if model.jit_compile:
       # The train step holds the averaging collective and py_functions,
       # which XLA cannot compile.

@@ -29,6 +29,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tf_keras.src import callbacks as callbacks_lib
 from tf_keras.src.distribute import distributed_file_utils
 from tf_keras.src.engine import data_adapter, training
+from tf_keras.src.mixed_precision import loss_scale_optimizer
 
 from oscars_tf.frontends import method_wrappers, tf_keras_inputs
 
@@ -65,6 +66,9 @@ HOOKS = (
     (distributed_file_utils, "remove_temp_dirpath"),
     # The planned epochs' progress bar.
     (callbacks_lib.ProgbarLogger, "_finalize_progbar"),
+    # Mixed precision's list of strategies (read through the module by
+    # the policy, the layers and LossScaleOptimizer).
+    (loss_scale_optimizer, "strategy_supports_loss_scaling"),
 )
 
 
@@ -238,6 +242,23 @@ _FRONTEND = method_wrappers.Frontend(
     after_fit=_remove_backup_temp_dirs)
 
 
+def _allow_loss_scaling(original):
+  """tf_keras allows a mixed-precision policy and LossScaleOptimizer only
+  under strategies it lists, those where every variable has one copy per
+  compute replica (each replica unscales its own gradients). OscarsStrategy
+  mirrors a worker's variables on its devices as MirroredStrategy does, and
+  each worker applies its own gradients: the condition holds. Keras 3 has
+  no such list."""
+
+  @functools.wraps(original)
+  def supports():
+    if original():
+      return True
+    from oscars_tf.distribute import strategy  # pylint: disable=g-import-not-at-top
+    return isinstance(tf.distribute.get_strategy(), strategy.OscarsStrategy)
+  return supports
+
+
 def install():
   """Installs the wrappers once per process (idempotent)."""
   global _installed
@@ -256,4 +277,6 @@ def install():
   cls.predict_on_batch = _wrap_local_counters(cls.predict_on_batch)
   data_adapter.get_data_handler = tf_keras_inputs.wrap_get_data_handler(
       data_adapter.get_data_handler)
+  loss_scale_optimizer.strategy_supports_loss_scaling = _allow_loss_scaling(
+      loss_scale_optimizer.strategy_supports_loss_scaling)
   _installed = True
