@@ -87,6 +87,10 @@ flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
                    "round end for a late worker before dropping it from the "
                    "round (default: 60, or --collective_timeout if shorter).",
                    lower_bound=1e-3)
+flags.DEFINE_float("join_timeout", 120.0, "Seconds each worker waits at its "
+                   "start for every task of the cluster to start before it "
+                   "is ended with an error naming the missing ones.",
+                   lower_bound=1e-3)
 flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
                    "momentum in [0, 1) on the averaged trainable weights at "
                    "global syncs (its state is in --checkpoint_dir's "
@@ -183,6 +187,6 @@ def make_strategy(flag_values=FLAGS):
       schedule=make_schedule(f), cluster_resolver=resolver,
       optimizer_state=f.optimizer_state, communication=f.communication,
       collective_timeout=f.collective_timeout,
-      straggler_timeout=f.straggler_timeout,
+      straggler_timeout=f.straggler_timeout, join_timeout=f.join_timeout,
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
       logdir=f.logdir, averaging_dtype=f.averaging_dtype)

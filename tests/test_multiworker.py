@@ -304,6 +304,39 @@ def test_busy_port_fails_fast_with_a_clear_message():
   assert time.monotonic() - start < 60
 
 
+@pytest.mark.parametrize("present", [0, 1])
+def test_a_worker_that_never_starts_is_named_and_the_waiting_one_ended(
+    present):
+  # The service's task (0) waited with no deadline in TensorFlow 2.21 (over
+  # 6 minutes, silent); the other one too. Each names the missing task and
+  # is ended at join_timeout (runtime/join_watch.py).
+  ports = [_free_port() for _ in range(2)]
+  addresses = [f"127.0.0.1:{p}" for p in ports]
+  env = multiworker.worker_env({"TF_CONFIG": json.dumps({
+      "cluster": {"worker": addresses},
+      "task": {"type": "worker", "index": present}})})
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, "-c", "import oscars_tf; "
+       "oscars_tf.OscarsStrategy(join_timeout=6); print('started')"],
+      env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == -9, (proc.returncode, proc.stderr[-2000:])
+  assert "started" not in proc.stdout
+  missing = f"worker:{1 - present} at {addresses[1 - present]}"
+  assert (f"worker:{present} stops: the cluster's tasks did not all start "
+          f"within 6 s (not listening: {missing})") in proc.stderr
+  assert time.monotonic() - start < 90
+  assert not [l for l in subprocess.run(
+      ["ps", "-eo", "args"], capture_output=True, text=True).stdout.split("\n")
+              if "join_watch.py" in l and any(str(p) in l for p in ports)]
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
 def test_a_rejoined_worker_takes_the_outer_momentum_state():
   # Worker 2 stalls past the straggler timeout at the end of epoch 0, is
   # dropped, and rejoins. The outer optimizer's start and momentum are state

@@ -92,6 +92,12 @@ class OscarsStrategy(tf.distribute.Strategy):
       outer optimizer's state are sent as they are. On GPUs (NCCL)
       TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
       with a warning.
+    join_timeout: seconds each worker waits at its start for every task of
+      the cluster to start (default 120). Meanwhile it names the tasks not
+      listening yet every 15 s; past it the process is ended (SIGKILL:
+      TensorFlow holds its main thread while it waits) with an error naming
+      them, instead of waiting forever for a mistyped address or a worker
+      that never started.
     simulate_step_time: SIMULATED heterogeneity for tests and benchmarks, a
       spec such as "20ms*1,1,2,4" (see `oscars_tf.simulate`); default the
       `OSCARS_SIMULATE_STEP_TIME` environment variable (oscars-launch
@@ -114,7 +120,8 @@ class OscarsStrategy(tf.distribute.Strategy):
                optimizer_state="local", communication="auto",
                collective_timeout=300.0, local_replicas="mirrored",
                simulate_step_time=None, outer_optimizer=None, logdir=None,
-               straggler_timeout=None, averaging_dtype=None):
+               straggler_timeout=None, averaging_dtype=None,
+               join_timeout=120.0):
     schedule = schedules_lib.Adaptive() if schedule is None else schedule
     if not isinstance(schedule, schedules_lib.Schedule):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
@@ -147,6 +154,10 @@ class OscarsStrategy(tf.distribute.Strategy):
       raise ValueError("`straggler_timeout` must be a number of seconds > 0 "
                        "and at most `collective_timeout` "
                        f"({collective_timeout!r}), got {straggler_timeout!r}.")
+    if (isinstance(join_timeout, bool) or
+        not isinstance(join_timeout, (int, float)) or not join_timeout > 0):
+      raise ValueError("`join_timeout` must be a number of seconds > 0, got "
+                       f"{join_timeout!r}.")
     averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
     if simulate_step_time is None:
       simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
@@ -158,7 +169,8 @@ class OscarsStrategy(tf.distribute.Strategy):
     # The coordination service's heartbeats only catch what the straggler
     # timeout catches sooner, and a task they time out can never come back:
     # long ones let a stalled worker rejoin (stalls up to this long).
-    server.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout))
+    server.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout),
+                 register_timeout_s=float(join_timeout))
     super().__init__(OscarsExtended(
         self, info, devices, schedule, optimizer_state, communication,
         collective_timeout, local_replicas,

@@ -19,13 +19,15 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 
 from oscars_tf import cluster as cluster_lib
 from oscars_tf.errors import ClusterConfigError
+from oscars_tf.runtime import join_watch
 
 _started = None  # the ClusterInfo this process started with
 
 
 def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
           register_timeout_s: float = 120.0):
-  """Starts the server for `info` (a no-op for a one-worker cluster)."""
+  """Starts the server for `info` (a no-op for a one-worker cluster).
+  Every task waits up to `register_timeout_s` for all of them to start."""
   global _started
   if _started is not None:
     if _started != info:
@@ -75,10 +77,25 @@ def start(info: cluster_lib.ClusterInfo, heartbeat_timeout_s: float = 30.0,
     logging.info("oscars_tf: starting worker %d of %d at %s",
                  info.worker_index, info.num_workers, info.address)
   sigterm = signal.getsignal(signal.SIGTERM)
-  context.context().enable_collective_ops(server_def)
-  context.context().ensure_initialized()
+  _join(info, register_timeout_s, lambda: (
+      context.context().enable_collective_ops(server_def),
+      context.context().ensure_initialized()))
   _restore_sigterm(sigterm)
   _started = info
+
+
+def _join(info, timeout_s, join):
+  """Runs `join` (the runtime's start, which waits for every task) under a
+  join_watch process: it names the tasks not listening yet and ends this
+  one past `timeout_s` (TensorFlow holds the GIL while it waits)."""
+  own = (info.task_type, info.task_id)
+  others = [(job, i, address) for job, addresses in info.jobs.items()
+            for i, address in enumerate(addresses) if (job, i) != own]
+  watcher = join_watch.Watcher(f"{own[0]}:{own[1]}", others, timeout_s)
+  try:
+    join()
+  finally:
+    watcher.stop()
 
 
 def _restore_sigterm(previous):
