@@ -307,9 +307,9 @@ def test_busy_port_fails_fast_with_a_clear_message():
 @pytest.mark.parametrize("present", [0, 1])
 def test_a_worker_that_never_starts_is_named_and_the_waiting_one_ended(
     present):
-  # The service's task (0) waited with no deadline in TensorFlow 2.21 (over
-  # 6 minutes, silent); the other one too. Each names the missing task and
-  # is ended at join_timeout (runtime/join_watch.py).
+  # Alone, the service's task (0) waited silently with no deadline in
+  # TensorFlow 2.21 (311 s, then killed). Each now names the missing task
+  # and is ended at join_timeout (runtime/join_watch.py).
   ports = [_free_port() for _ in range(2)]
   addresses = [f"127.0.0.1:{p}" for p in ports]
   env = multiworker.worker_env({"TF_CONFIG": json.dumps({
