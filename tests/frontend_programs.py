@@ -58,12 +58,13 @@ class _Cases:
   def _compiled(self, steps_per_execution, inputs, recorder, hidden):
     keras = self.keras
     with self.strategy.scope():
-      if inputs == "dict":
+      if inputs in ("dict", "list"):
         a = keras.Input((FEATURES // 2,), name="a")
         b = keras.Input((FEATURES // 2,), name="b")
         h = keras.layers.Dense(16, activation="relu")(
             keras.layers.Concatenate()([a, b]))
-        model = keras.Model({"a": a, "b": b}, keras.layers.Dense(CLASSES)(h))
+        model = keras.Model({"a": a, "b": b} if inputs == "dict" else [a, b],
+                            keras.layers.Dense(CLASSES)(h))
       else:
         model = keras.Sequential([
             keras.Input((FEATURES,))] + ([recorder] if recorder else []) + [
@@ -105,6 +106,14 @@ class _Cases:
   def dict_arrays(self, model, cb):
     half = FEATURES // 2
     x = {"a": self.x[:, :half], "b": self.x[:, half:]}
+    return model.fit(x, self.y, batch_size=BATCH, epochs=2, verbose=0,
+                     callbacks=cb, validation_data=(x, self.y))
+
+  def list_arrays(self, model, cb):
+    # A multi-input model fed a list of arrays (tf.data would stack a list
+    # into one tensor).
+    half = FEATURES // 2
+    x = [self.x[:, :half], self.x[:, half:]]
     return model.fit(x, self.y, batch_size=BATCH, epochs=2, verbose=0,
                      callbacks=cb, validation_data=(x, self.y))
 
@@ -301,7 +310,8 @@ def main(params):
     seen = []
     recorder = (_recorder(keras, tf, seen) if name == "shuffled_arrays"
                 else None)
-    model = cases.model(spe, inputs="dict" if name == "dict_arrays" else None,
+    model = cases.model(spe, inputs={"dict_arrays": "dict",
+                                            "list_arrays": "list"}.get(name),
                         recorder=recorder,
                         hidden=24 if name == "another_model_size" else 16,
                         policy=("mixed_float16" if name == "mixed_precision"

@@ -205,13 +205,25 @@ class OwnBatchOrder:
 def _ordered_batches(data, order, batch):
   """An endless stream of `data`'s batches: step j's rows are the ones
   `order` gives for this worker's step j."""
-  tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
+  tensors = tf.nest.map_structure(tf.convert_to_tensor, _lists_as_tuples(data))
 
   def rows(step):
     indices = tf.py_function(order.indices, [step], tf.int64)
     indices.set_shape([batch])
     return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
   return tf.data.Dataset.range(2**62).map(rows)
+
+
+def _lists_as_tuples(data):
+  """`data` with every list a tuple: tf.data stacks a list that a map
+  function returns into one tensor, so a multi-input model's list of arrays
+  would reach it as a single input."""
+  if isinstance(data, list) or (isinstance(data, tuple) and
+                                not hasattr(data, "_fields")):
+    return tuple(_lists_as_tuples(d) for d in data)
+  if isinstance(data, dict):
+    return {k: _lists_as_tuples(v) for k, v in data.items()}
+  return data
 
 
 def _planned(stream):
