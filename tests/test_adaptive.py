@@ -40,7 +40,9 @@ def runs():
 
 def test_all_workers_follow_the_same_plan_every_round(runs):
   outs = runs["oscars"].outputs
-  assert len(outs[0]["rounds"]) >= 8
+  # At least one round per epoch plus the probe rounds; how many more the
+  # plan makes depends on the measured rates (CI once saw 7, usually 8+).
+  assert len(outs[0]["rounds"]) >= COMMON["epochs"] + PROBE_ROUNDS
   for k, r in enumerate(outs[0]["rounds"]):
     assert all(o["rounds"][k]["plan"] == r["plan"] for o in outs), k
 
