@@ -386,6 +386,18 @@ def test_only_floating_point_variables_are_averaged():
   assert not replicas.is_float(TableHandler())
 
 
+def test_an_input_that_gives_a_worker_no_batch_is_a_clear_error(oscars):
+  # Keras 3 builds from one batch before the first step: a dataset of
+  # unknown length that yields nothing stopped fit with a bare StopIteration.
+  x, y = _data()
+  empty = tf.data.Dataset.from_tensor_slices((x, y)).filter(
+      lambda a, b: False).batch(16)
+  with oscars.scope():
+    model = _model()
+  with pytest.raises(ValueError, match="gave this worker no batch"):
+    model.fit(empty, epochs=1, verbose=0)
+
+
 @pytest.mark.parametrize("optimizer, compile_args, match", [
     (lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), {},
      "gradient_accumulation_steps=2 cannot train"),

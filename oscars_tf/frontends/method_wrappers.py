@@ -87,6 +87,15 @@ class Frontend:
       try:
         with extended.unsharded(), peer_errors, self.input_scope(planned):
           return original(model, **call)
+      except StopIteration as e:
+        # Keras 3 takes one batch to build before the first step; on an
+        # input of unknown length that gave this worker nothing (a filter,
+        # a manual shard) the bare StopIteration would say nothing.
+        raise ValueError(
+            f"oscars_tf: worker {extended.cluster.worker_index}: `fit`'s "
+            "training input gave this worker no batch (an empty dataset: a "
+            "filter that kept nothing, or a shard of fewer elements than "
+            "workers). Every worker needs at least one batch.") from e
       finally:
         extended.epochs.read_in_order(None)  # a read ahead stops waiting
         self.after_fit(user_callbacks, getattr(model, self.strategy_attribute),
