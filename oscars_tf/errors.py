@@ -24,3 +24,7 @@ class WorkerLostError(OscarsError):
 
 class PeerTimeoutError(WorkerLostError):
   """A peer did not reach a planned averaging point in time."""
+
+
+class WorkerStartError(OscarsError):
+  """A worker's command could not be started (not found, not executable)."""

@@ -37,6 +37,7 @@ import time
 
 from absl import app, flags
 
+from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import (command_help, cpu_limits, emulation, netns,
                              worker_netns)
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
@@ -356,6 +357,9 @@ def main(argv):
     # absl would print __main__'s docstring: the console script's is empty.
     print(f"oscars-launch: error: {e}\nusage: {USAGE}\nTry --help.",
           file=sys.stderr)
+    return 1
+  except WorkerStartError as e:
+    print(f"oscars-launch: error: {e}", file=sys.stderr)
     return 1
   except worker_netns.Unavailable as e:
     print(f"oscars-launch: error: --network=emulated: "

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from oscars_tf import errors
 from oscars_tf import launch
 from oscars_tf.tools import netns
 from oscars_tf.tools import worker_processes
@@ -73,6 +74,40 @@ def test_bad_worker_count_names_the_flag():
                         capture_output=True, text=True, timeout=60,
                         check=False)
   assert proc.returncode != 0 and "num_workers" in proc.stderr
+
+
+def test_a_command_that_cannot_start_is_one_clear_line(tmp_path):
+  not_executable = tmp_path / "train.py"
+  not_executable.write_text("print('hi')\n")
+  for command, reason in (("no-such-command-oscars", "No such file"),
+                          (str(not_executable), "Permission denied")):
+    proc = subprocess.run(LAUNCH + ["--num_workers", "2", "--", command],
+                          capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (
+        f"oscars-launch: error: cannot start worker 0's command "
+        f"{command!r}: {reason}" + ("" if reason == "Permission denied" else
+                                    " or directory") + "."), proc.stderr
+
+
+def test_a_job_whose_last_task_cannot_start_stops_the_ones_started():
+  # The workers start first; the coordinator's command is missing.
+  marker = f"oscars-start-test-{os.getpid()}"
+  with pytest.raises(errors.WorkerStartError,
+                     match="cannot start coordinator's command"):
+    worker_processes.Job(
+        [sys.executable, "-c", f"import time; time.sleep(120)  # {marker}"],
+        2, coordinator_command=["no-such-command-oscars"])
+  left = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if marker.encode() in f.read():
+          left.append(pid)
+    except OSError:
+      continue
+  assert not left, left
 
 
 def test_simulated_step_time_reaches_the_workers_and_is_labelled():

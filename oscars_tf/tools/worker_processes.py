@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from oscars_tf.errors import PEER_LOST_EXIT_CODE
+from oscars_tf.errors import PEER_LOST_EXIT_CODE, WorkerStartError
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -234,9 +234,15 @@ class Job:
       # write are syscalls).
       command = (list(coordinator_command) if kind == "coordinator" else
                  self.command)
-      p = subprocess.Popen(command, env=penv, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, start_new_session=True,
-                           preexec_fn=preexec)  # noqa: PLW1509
+      try:
+        p = subprocess.Popen(command, env=penv, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=preexec)  # noqa: PLW1509
+      except OSError as e:  # not found, not executable: nothing can run
+        self.stop(grace=0)  # the tasks already started
+        raise WorkerStartError(
+            f"cannot start {task_name(kind, index)}'s command "
+            f"{command[0]!r}: {e.strerror or e}.") from e
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
         t = threading.Thread(target=_pump,
                              args=(stream, _prefix(kind, index), sink),
