@@ -11,6 +11,7 @@ import pathlib
 import sys
 import tempfile
 
+import forkserver
 import job_log
 
 from oscars_tf import launch
@@ -52,8 +53,10 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
   command = ([sys.executable, str(program), json.dumps(params)] if program
              else [sys.executable, str(WORKER_PROGRAM), scenario,
                    json.dumps(params)])
-  job = launch.Job(command, num_workers, env=worker_env(env),
-                   worker_env=per_worker_env, out=log, hosts=hosts)
+  job_env = worker_env(env)
+  job = launch.Job(command, num_workers, env=job_env,
+                   worker_env=per_worker_env, out=log, hosts=hosts,
+                   spawn=forkserver.spawner(job_env))
   try:
     if kill_on_failure:
       codes, failed = job.wait(timeout=timeout, grace=3)
@@ -75,7 +78,9 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
 def run_command(command, num_workers, timeout=180, env=None):
   """Runs `command` (argv) on `num_workers` launched workers; (codes, log)."""
   log = job_log.JobLog()
-  job = launch.Job(command, num_workers, env=worker_env(env), out=log)
+  job_env = worker_env(env)
+  job = launch.Job(command, num_workers, env=job_env, out=log,
+                   spawn=forkserver.spawner(job_env))
   try:
     codes, failed = job.wait(timeout=timeout, grace=3)
   finally:

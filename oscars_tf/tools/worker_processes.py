@@ -197,11 +197,15 @@ class Job:
   cpu_limits.CpuLimits.preexec; enter a network namespace,
   worker_netns.WorkerNamespaces.enter); it runs after the parent-death
   signal is set, and must take no lock.
+  `spawn`: (command, env) -> a started process with Popen's `pid`,
+  `stdout`, `stderr` (binary pipes), `poll` and `wait`, or None to start
+  it with Popen as above; only for tasks without a `task_preexec` (the
+  tests fork their workers from a server that imported TensorFlow once).
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
                worker_env=None, out=None, hosts=None, err=None, num_ps=0,
-               task_preexec=None, coordinator_command=None):
+               task_preexec=None, coordinator_command=None, spawn=None):
     self.command = list(command)
     self.num_workers = num_workers
     coordinator = coordinator_command is not None
@@ -234,10 +238,14 @@ class Job:
       # write are syscalls).
       command = (list(coordinator_command) if kind == "coordinator" else
                  self.command)
+      p = None
+      if spawn is not None and position not in (task_preexec or {}):
+        p = spawn(command, penv)
       try:
-        p = subprocess.Popen(command, env=penv, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True,
-                             preexec_fn=preexec)  # noqa: PLW1509
+        p = p or subprocess.Popen(
+            command, env=penv, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=preexec)  # noqa: PLW1509
       except OSError as e:  # not found, not executable: nothing can run
         self.stop(grace=0)  # the tasks already started
         raise WorkerStartError(

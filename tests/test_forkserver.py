@@ -1,0 +1,103 @@
+"""The fork server the multi-process tests start workers from
+(forkserver.py): a forked worker behaves as `python SCRIPT ARGS...` would,
+ends as a process does, and what it cannot run as such is left to Popen."""
+
+import os
+import signal
+import sys
+
+import pytest
+
+import forkserver
+import multiworker
+
+_SCRIPT = """
+import json, os, sys
+import tensorflow as tf
+print(json.dumps({
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+    "mine": os.environ.get("OSCARS_FORK_TEST"),
+    "gone": os.environ.get("OSCARS_FORK_TEST_SERVER_ONLY"),
+    "own_group": os.getpgid(0) == os.getpid(), "pid": os.getpid(),
+    "op": int(tf.constant(2) + 1), "stdin": sys.stdin.read()}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "raise":
+  raise RuntimeError("raised in the script")
+if sys.argv[1] == "sleep":
+  import time
+  time.sleep(300)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  env = multiworker.worker_env({"OSCARS_FORK_TEST_SERVER_ONLY": "1"})
+  s = forkserver.ForkServer(env)
+  assert s.alive, "the server did not start or is not one thread"
+  script = tmp_path_factory.mktemp("scripts") / "child.py"
+  script.write_text(_SCRIPT)
+  yield s, str(script)
+  s.close()
+
+
+def _env(**extra):
+  return multiworker.worker_env(extra)
+
+
+def test_a_forked_child_is_the_script_run_as_a_fresh_process(server, tmp_path,
+                                                             monkeypatch):
+  s, script = server
+  monkeypatch.chdir(tmp_path)
+  p = s.spawn([sys.executable, script, "3", "x"], _env(OSCARS_FORK_TEST="y"))
+  assert p is not None
+  out, err = p.stdout.read().decode(), p.stderr.read().decode()
+  assert p.wait(timeout=60) == 3, err
+  seen = __import__("json").loads(out)
+  assert seen["argv"] == [script, "3", "x"]
+  assert seen["path0"] == os.path.dirname(script)
+  assert seen["cwd"] == str(tmp_path)
+  assert seen["mine"] == "y" and seen["gone"] is None  # the request's env
+  assert seen["own_group"] and seen["pid"] == p.pid
+  assert seen["op"] == 3 and seen["stdin"] == ""
+  assert err.strip().endswith("to stderr")
+  assert "to stderr" not in out
+
+
+def test_an_uncaught_error_exits_1_with_its_traceback(server):
+  s, script = server
+  p = s.spawn([sys.executable, script, "raise"], _env())
+  err = p.stderr.read().decode()
+  assert p.wait(timeout=60) == 1
+  assert "RuntimeError: raised in the script" in err
+
+
+def test_a_killed_child_reports_the_signal_and_closing_kills_the_rest(
+    tmp_path):
+  s = forkserver.ForkServer(_env())
+  assert s.alive
+  script = str(tmp_path / "sleeper.py")
+  try:
+    with open(script, "w") as f:
+      f.write("import sys, time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    a = s.spawn([sys.executable, script], _env())
+    b = s.spawn([sys.executable, script], _env())
+    assert a.stdout.readline() == b"up\n" == b.stdout.readline()
+    os.killpg(a.pid, signal.SIGKILL)
+    assert a.wait(timeout=30) == -signal.SIGKILL
+    assert b.poll() is None
+    s.close()
+    assert b.wait(timeout=30) < 0
+    # Killed with the server: its pipe ends.
+    assert b.stdout.read() == b""
+  finally:
+    s.close()
+
+
+def test_what_a_fresh_process_would_do_otherwise_is_left_to_popen(server):
+  s, script = server
+  assert s.spawn([sys.executable, "-c", "print(1)"], _env()) is None
+  assert s.spawn(["/bin/echo", script], _env()) is None
+  # Read when TensorFlow is imported: the server's own value would win.
+  assert s.spawn([sys.executable, script, "0"],
+                 _env(TF_CPP_MIN_LOG_LEVEL="0")) is None
