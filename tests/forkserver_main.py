@@ -67,7 +67,7 @@ def _child(request, fds, server):
     sys.stdin = open(0, encoding="utf-8", closefd=False)
     script = request["argv"][1]
     sys.argv = list(request["argv"][1:])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[0] = os.path.dirname(os.path.realpath(script))  # as python does
     if "numpy" in sys.modules:  # a fresh process would seed it afresh
       sys.modules["numpy"].random.seed()
     try:
@@ -79,7 +79,9 @@ def _child(request, fds, server):
       else:
         print(e.code, file=sys.stderr)
     except BaseException:  # pylint: disable=broad-except
-      traceback.print_exc()
+      # As the interpreter does: the script's own hook may record it (the
+      # strategy's exit handlers act on an uncaught error).
+      sys.excepthook(*sys.exc_info())
     threading._shutdown()  # pylint: disable=protected-access
     import atexit  # pylint: disable=g-import-not-at-top
     atexit._run_exitfuncs()  # pylint: disable=protected-access

@@ -22,6 +22,11 @@ print(json.dumps({
     "op": int(tf.constant(2) + 1), "stdin": sys.stdin.read()}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "raise":
+  previous = sys.excepthook
+  def hook(*exc_info):
+    print("the script's hook saw", exc_info[0].__name__, file=sys.stderr)
+    previous(*exc_info)
+  sys.excepthook = hook
   raise RuntimeError("raised in the script")
 if sys.argv[1] == "sleep":
   import time
@@ -55,7 +60,7 @@ def test_a_forked_child_is_the_script_run_as_a_fresh_process(server, tmp_path,
   assert p.wait(timeout=60) == 3, err
   seen = __import__("json").loads(out)
   assert seen["argv"] == [script, "3", "x"]
-  assert seen["path0"] == os.path.dirname(script)
+  assert seen["path0"] == os.path.dirname(os.path.realpath(script))
   assert seen["cwd"] == str(tmp_path)
   assert seen["mine"] == "y" and seen["gone"] is None  # the request's env
   assert seen["own_group"] and seen["pid"] == p.pid
@@ -64,11 +69,14 @@ def test_a_forked_child_is_the_script_run_as_a_fresh_process(server, tmp_path,
   assert "to stderr" not in out
 
 
-def test_an_uncaught_error_exits_1_with_its_traceback(server):
+def test_an_uncaught_error_goes_to_sys_excepthook_and_exits_1(server):
+  # As in a fresh interpreter: the strategy's hook records an uncaught
+  # error, and its exit handlers then do not wait for the others.
   s, script = server
   p = s.spawn([sys.executable, script, "raise"], _env())
   err = p.stderr.read().decode()
   assert p.wait(timeout=60) == 1
+  assert "the script's hook saw RuntimeError" in err
   assert "RuntimeError: raised in the script" in err
 
 
