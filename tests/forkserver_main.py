@@ -46,7 +46,7 @@ def _stream(fd, unbuffered):
 
 def _child(request, fds, server):
   """In the forked child: becomes `python SCRIPT ARGS...`; never returns."""
-  code = 1
+  code, interrupted = 1, False
   try:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
@@ -78,10 +78,11 @@ def _child(request, fds, server):
         code = e.code or 0
       else:
         print(e.code, file=sys.stderr)
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException as e:  # pylint: disable=broad-except
       # As the interpreter does: the script's own hook may record it (the
       # strategy's exit handlers act on an uncaught error).
       sys.excepthook(*sys.exc_info())
+      interrupted = isinstance(e, KeyboardInterrupt)
     threading._shutdown()  # pylint: disable=protected-access
     import atexit  # pylint: disable=g-import-not-at-top
     atexit._run_exitfuncs()  # pylint: disable=protected-access
@@ -93,7 +94,10 @@ def _child(request, fds, server):
         stream.flush()
       except Exception:  # pylint: disable=broad-except
         pass
-    os._exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+    if interrupted:  # python ends itself with SIGINT then
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
 def _reap(sock, children):

@@ -28,6 +28,8 @@ if sys.argv[1] == "raise":
     previous(*exc_info)
   sys.excepthook = hook
   raise RuntimeError("raised in the script")
+if sys.argv[1] == "interrupt":
+  raise KeyboardInterrupt
 if sys.argv[1] == "sleep":
   import time
   time.sleep(300)
@@ -78,6 +80,15 @@ def test_an_uncaught_error_goes_to_sys_excepthook_and_exits_1(server):
   assert p.wait(timeout=60) == 1
   assert "the script's hook saw RuntimeError" in err
   assert "RuntimeError: raised in the script" in err
+
+
+@pytest.mark.parametrize("arg, code", [("interrupt", -signal.SIGINT),
+                                       ("256", 0), ("-1", 255)])
+def test_exit_codes_are_the_interpreter_s(server, arg, code):
+  s, script = server
+  p = s.spawn([sys.executable, script, arg], _env())
+  p.stdout.read()
+  assert p.wait(timeout=60) == code
 
 
 def test_a_killed_child_reports_the_signal_and_closing_kills_the_rest(
