@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "forkserver_main.py")
@@ -59,22 +58,11 @@ class ForkedProcess:
     return self.returncode
 
   def wait(self, timeout=None):
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while self.poll() is None:
-      if deadline is not None and time.monotonic() > deadline:
+    with self._server.exited:
+      if not self._server.exited.wait_for(lambda: self.poll() is not None,
+                                          timeout):
         raise subprocess.TimeoutExpired(str(self.pid), timeout)
-      self._server.exited.wait(0.05)
     return self.returncode
-
-  def send_signal(self, sig):
-    if self.poll() is None:
-      os.kill(self.pid, sig)
-
-  def kill(self):
-    self.send_signal(9)
-
-  def terminate(self):
-    self.send_signal(15)
 
 
 class ForkServer:
@@ -87,7 +75,7 @@ class ForkServer:
     self._codes = {}
     self._replies = queue.Queue()
     self._lock = threading.Lock()
-    self.exited = threading.Event()
+    self.exited = threading.Condition()  # notified when a child ends
     self.alive = False
     self._proc = subprocess.Popen(
         [sys.executable, SERVER, str(theirs.fileno())],
@@ -118,13 +106,14 @@ class ForkServer:
       if not message:  # the server is gone: so are its children
         self.alive = False
         self._replies.put(None)
-        self.exited.set()
+        with self.exited:
+          self.exited.notify_all()
         return
       message = json.loads(message)
       if "exit" in message:
-        self._codes[message["exit"]] = message["code"]
-        self.exited.set()
-        self.exited.clear()
+        with self.exited:
+          self._codes[message["exit"]] = message["code"]
+          self.exited.notify_all()
       else:
         self._replies.put(message)
 

@@ -2,6 +2,7 @@
 (forkserver.py): a forked worker behaves as `python SCRIPT ARGS...` would,
 ends as a process does, and what it cannot run as such is left to Popen."""
 
+import json
 import os
 import signal
 import sys
@@ -60,7 +61,7 @@ def test_a_forked_child_is_the_script_run_as_a_fresh_process(server, tmp_path,
   assert p is not None
   out, err = p.stdout.read().decode(), p.stderr.read().decode()
   assert p.wait(timeout=60) == 3, err
-  seen = __import__("json").loads(out)
+  seen = json.loads(out)
   assert seen["argv"] == [script, "3", "x"]
   assert seen["path0"] == os.path.dirname(os.path.realpath(script))
   assert seen["cwd"] == str(tmp_path)
