@@ -81,8 +81,10 @@ flags.DEFINE_float("sync_cost_s", 0.1, "SIMULATED seconds an averaging "
                    "own timing, so plans do not depend on the machine.")
 flags.DEFINE_float("max_overshoot", None, "The Adaptive schedule's "
                    "max_overshoot (None: its default).")
-flags.DEFINE_float("min_utilization", None, "The Adaptive schedule's "
-                   "min_utilization (None: its default).")
+flags.DEFINE_float("min_utilization",
+                   schedules.DEFAULT_MIN_UTILIZATION, "The Adaptive "
+                   "schedule's min_utilization (0: off).", lower_bound=0.0,
+                   upper_bound=1.0)
 flags.DEFINE_integer("bytes_per_member", table_deltas.delta_budget
                      .BYTES_PER_MEMBER, "The most store text a member reads "
                      "of a round's changes (\"deltas\"; the rest wait a "
@@ -208,7 +210,7 @@ def measure(n, rng):
   gone = set()
   schedule = schedules.Adaptive(grouping=FLAGS.grouping,
                                 max_overshoot=FLAGS.max_overshoot,
-                                min_utilization=FLAGS.min_utilization)
+                                min_utilization=FLAGS.min_utilization or None)
   sampled = sorted({1 + int(x) for x in rng.choice(
       max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
   faulty = [j for j in range(1, n) if j not in sampled]
@@ -373,12 +375,14 @@ def main(argv):
         f"{FLAGS.sync_cost_s} s, in-memory store, "
         f"lognormal sigma={FLAGS.sigma}, {FLAGS.workers_per_host} workers "
         f"per host, grouping={FLAGS.grouping}, distribution="
-        f"{FLAGS.distribution}, noise={FLAGS.noise})")
+        f"{FLAGS.distribution}, noise={FLAGS.noise}, min_utilization="
+        f"{FLAGS.min_utilization or 'off'})")
   head = (f"{'N':>6} {'chief ms':>9} {'worker ms':>9} {'KV ops':>8} "
           f"{'out MB':>8} {'decision KB':>11} {'keys':>6} {'plan ms':>8} "
           f"{'util':>6} {'drop/rejoin':>11} {'max MB':>8} "
           f"{'round 0 MB':>10} {'max MB all':>10} {'table in':>8} "
-          f"{'util then':>9} {'avg traffic/bound':>17}")
+          f"{'util then':>9} {'avg traffic/bound':>17} {'T s':>6} "
+          f"{'median k':>8}")
   print(head)
   print("-" * len(head))
   results = []
@@ -396,7 +400,9 @@ def main(argv):
           f"{s['first_table_rounds']:>8} "
           f"{s['utilization_until_first_table']:>9.3f} "
           f"{s['averaging_mean_over_bound']:>8.2f}/"
-          f"{s['averaging_max_over_bound']:<8.2f}", flush=True)
+          f"{s['averaging_max_over_bound']:<8.2f} "
+          f"{s['time_budget_s']:>6.2f} {s['median_local_steps']:>8.1f}",
+          flush=True)
   if FLAGS.result_json:
     with open(FLAGS.result_json, "w", encoding="utf-8") as f:
       json.dump({"heterogeneity": "SIMULATED", "flags": {

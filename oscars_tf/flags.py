@@ -66,10 +66,11 @@ flags.DEFINE_integer("max_groupings", None, "oscars: most distinct "
 flags.DEFINE_float("max_overshoot", None, "oscars: a worker that would "
                    "arrive more than this fraction of T late takes one step "
                    "fewer (default: none; e.g. 0.02).", lower_bound=0.0)
-flags.DEFINE_float("min_utilization", None, "oscars: T grows by whole steps "
-                   "of the slowest worker until the planned compute share "
-                   "reaches this (default: none; e.g. 0.97: fewer, longer "
-                   "rounds).", lower_bound=1e-6, upper_bound=1.0)
+flags.DEFINE_float("min_utilization", schedules.DEFAULT_MIN_UTILIZATION,
+                   "oscars: T grows by whole steps of the slowest worker "
+                   "until the planned compute share reaches this (0: off, T "
+                   "is the period rule's; higher: fewer, longer rounds).",
+                   lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_enum("weighting", "work", list(schedules.WEIGHTINGS),
                   "oscars: how members' models are weighted in an average.")
 flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
@@ -147,7 +148,8 @@ def make_schedule(flag_values=FLAGS):
       min_period=f.min_period, max_period=f.max_period, grouping=f.grouping,
       global_every=f.global_every, weighting=f.weighting,
       max_group_size=f.max_group_size, max_groupings=f.max_groupings,
-      max_overshoot=f.max_overshoot, min_utilization=f.min_utilization)
+      max_overshoot=f.max_overshoot,
+      min_utilization=f.min_utilization or None)  # 0: off
 
 
 def make_resolver(flag_values=FLAGS):

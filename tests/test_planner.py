@@ -270,8 +270,8 @@ def test_max_overshoot_keeps_every_arrival_near_the_time_budget():
       tuple(f"h{i // 8}" for i in range(1024)))
 
   def share(max_overshoot):
-    p = schedules.Adaptive(grouping="speed",
-                           max_overshoot=max_overshoot).plan(table, 1)
+    p = schedules.Adaptive(grouping="speed", max_overshoot=max_overshoot,
+                           min_utilization=None).plan(table, 1)  # T's rule
     compute = np.array(p.local_steps) / np.array(p.rates)
     assert min(p.local_steps) >= 1
     return compute.mean() / compute.max(), compute.max() / p.time_budget
@@ -288,19 +288,24 @@ def test_min_utilization_lengthens_t_by_whole_slow_steps_until_reached():
   # 1,024 lognormal workers (sigma 0.5). At the period rule's T the median
   # worker takes about 8 steps: whole steps leave about 93 % even with
   # every worker filling the round to its latest arrival; min_utilization
-  # lengthens T until the plan reaches 97 %.
+  # (on by default) lengthens T until the plan reaches its target.
   from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
   rates = np.random.default_rng(0).lognormal(0.0, 0.5, 1024) * 10
   table = records.StepRateTable(
       tuple(records.TableEntry(rate=float(r), round=0) for r in rates),
       tuple(f"h{i // 8}" for i in range(1024)))
-  plain = schedules.Adaptive(grouping="speed").plan(table, 1)
+  plain = schedules.Adaptive(grouping="speed",
+                             min_utilization=None).plan(table, 1)
   filled = schedules.Adaptive(grouping="speed",
                               min_utilization=0.97).plan(table, 1)
+  default = schedules.Adaptive(grouping="speed").plan(table, 1)
   assert 0.9 < planner.planned_utilization(plain.local_steps,
                                            plain.rates) < 0.97
   assert planner.planned_utilization(filled.local_steps,
                                      filled.rates) >= 0.97
+  assert planner.planned_utilization(
+      default.local_steps, default.rates) >= schedules.DEFAULT_MIN_UTILIZATION
+  assert default.time_budget >= filled.time_budget
   slowest, fastest = min(rates), max(rates)
   slow_steps = filled.time_budget * slowest
   assert abs(slow_steps - round(slow_steps)) < 1e-9  # whole slowest steps
@@ -314,8 +319,9 @@ def test_min_utilization_lengthens_t_by_whole_slow_steps_until_reached():
   even = records.StepRateTable(
       tuple(records.TableEntry(rate=10.0, round=0) for _ in range(8)),
       ("h",) * 8)
-  assert (schedules.Adaptive(min_utilization=0.97).plan(even, 1).time_budget
-          == schedules.Adaptive().plan(even, 1).time_budget)
+  assert (schedules.Adaptive().plan(even, 1).time_budget
+          == schedules.Adaptive(min_utilization=None).plan(even, 1)
+          .time_budget)
   for bad in (0, 1.5, True, "0.9"):
     with pytest.raises(ValueError, match="min_utilization"):
       schedules.Adaptive(min_utilization=bad)

@@ -110,7 +110,8 @@ def test_strategy_flags_build_the_schedules_they_name():
     schedule = oscars_flags.make_schedule(values)
     assert isinstance(schedule.period_rule, schedules.QuadraticSync)
     assert schedule.grouping == "speed" and schedule.initial_period == 32
-    assert schedule.max_overshoot is None and schedule.min_utilization is None
+    assert schedule.max_overshoot is None
+    assert schedule.min_utilization == schedules.DEFAULT_MIN_UTILIZATION
     values.unparse_flags()
     values(["prog", "--max_overshoot=0.02", "--min_utilization=0.97",
             "--max_group_size=16", "--max_groupings=4"])
@@ -118,6 +119,9 @@ def test_strategy_flags_build_the_schedules_they_name():
     assert (schedule.max_overshoot, schedule.min_utilization,
             schedule.max_group_size, schedule.max_groupings) == (
                 0.02, 0.97, 16, 4)
+    values.unparse_flags()
+    values(["prog", "--min_utilization=0"])  # off
+    assert oscars_flags.make_schedule(values).min_utilization is None
     values.unparse_flags()
     with pytest.raises(flags.IllegalFlagValueError):
       values(["prog", "--min_utilization=1.5"])
