@@ -121,7 +121,7 @@ def pyplot():
 # One colour per strategy in every panel (matplotlib's default cycle).
 COLOURS = {"sync_tf": "C0", "ps": "C1", "local_sgd": "C2", "oscars": "C3",
            "oscars_bf16": "C4", "async_ps": "C5",
-           "oscars_util97": "C6"}
+           "oscars_rule_t": "C6"}
 
 
 def plot_accuracy(ax, rows, target, title):

@@ -27,8 +27,9 @@ strategy, one real multi-process job after another:
   local_sgd    OscarsStrategy, Fixed(every=P), the best P of --periods
   oscars       OscarsStrategy(): the default, untuned
   oscars_bf16  OscarsStrategy(averaging_dtype="bfloat16")
-  oscars_util97  Adaptive(min_utilization=0.97, max_overshoot=0.02)
-               (opt-in, --strategies only)
+  oscars_rule_t  Adaptive(min_utilization=None): the period rule's T,
+               not lengthened for whole steps' idle (opt-in,
+               --strategies only)
 
 By default each profile runs the baselines its goals need: sync_tf, ps and
 oscars everywhere, local_sgd in cpu_uneven, oscars_bf16 where links are
@@ -58,7 +59,7 @@ import accuracy_runs  # benchmarks/accuracy_runs.py
 
 PROFILES = ("even", "cpu_uneven", "slow_links", "both")
 STRATEGIES = ("sync_tf", "ps", "local_sgd", "oscars", "oscars_bf16",
-              "oscars_util97")
+              "oscars_rule_t")
 # Each profile's strategies by default: every baseline the issue's goals
 # compare against there (the full run must fit in 20 minutes); --strategies
 # runs the same list in every profile.
@@ -73,8 +74,7 @@ TRAIN_ARGS = {
     "local_sgd": ["--strategy=local_sgd"],
     "oscars": ["--strategy=oscars"],
     "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
-    "oscars_util97": ["--strategy=oscars", "--min_utilization=0.97",
-                      "--max_overshoot=0.02"]}
+    "oscars_rule_t": ["--strategy=oscars", "--min_utilization=0"]}
 
 flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
                   "local_sgd with one period, oscars; 4 epochs): under 3 "

@@ -10,6 +10,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.pop("TF_CONFIG", None)
@@ -62,8 +64,24 @@ SLOW_MODULES = frozenset({
     "test_scale_sixteen", "test_tf_tutorials", "test_train"})
 
 
+# The slow tier runs as two streams (`-n 2 --dist loadgroup`): these
+# modules, whose jobs go through `oscars-launch` and mostly wait (SIMULATED
+# step times, straggler and collective timeouts, shaped links, restarts),
+# on one process; the other slow modules, whose jobs mostly compute, on the
+# other, one test at a time each. (A module is never split: its
+# module-scoped jobs run once.)
+LAUNCHED_MODULES = frozenset({
+    "test_cli_help", "test_control_plane_tf", "test_coordinator",
+    "test_cpu_limit_from_ready", "test_cpu_limits", "test_faults",
+    "test_launch", "test_launch_emulated", "test_launch_ps", "test_netns",
+    "test_random_faults", "test_recovery", "test_train"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-  import pytest  # pylint: disable=g-import-not-at-top
   for item in items:
-    if item.module.__name__ in SLOW_MODULES:
+    name = item.module.__name__
+    if name in SLOW_MODULES:
       item.add_marker(pytest.mark.slow)
+      item.add_marker(pytest.mark.xdist_group(
+          "launched" if name in LAUNCHED_MODULES else "jobs"))

@@ -33,3 +33,9 @@ def test_a_child_process_skips_keras_optional_imports_but_not_its_own():
                         text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().splitlines()[-1] == "[] True", proc.stdout
+
+
+def test_the_launched_stream_holds_only_slow_modules_that_exist():
+  here = pathlib.Path(__file__).parent
+  assert conftest.LAUNCHED_MODULES <= conftest.SLOW_MODULES
+  assert all((here / f"{m}.py").exists() for m in conftest.SLOW_MODULES)
