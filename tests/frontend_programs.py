@@ -18,6 +18,18 @@ import time
 import numpy as np
 
 N, FEATURES, CLASSES, BATCH = 240, 8, 3, 16
+# dataset_sharding_off: each of 3 workers' rows [start, stop).
+OWN_ROWS = ((0, 112), (112, 192), (192, 240))
+
+
+def own_batches(case, worker, workers):
+  """Batches per epoch of a worker whose data is its own, or None."""
+  if case == "distributed_dataset":
+    return -(-len(range(worker, N, workers)) // BATCH)
+  if case == "dataset_sharding_off":
+    start, stop = OWN_ROWS[worker]
+    return -(-(stop - start) // BATCH)
+  return None
 
 
 def _keras(flavour):
@@ -146,6 +158,26 @@ class _Cases:
     ds = self._ds().shuffle(N, seed=2).repeat().batch(BATCH)
     return model.fit(ds, steps_per_epoch=N // BATCH // 3, epochs=2,
                      verbose=0, callbacks=cb)
+
+  def distributed_dataset(self, model, cb):
+    # Each worker's shard made by the strategy, as TensorFlow's tutorials
+    # do: fit reads all of it every epoch and splits nothing again.
+    def shard(context):
+      return self._ds().shard(context.num_input_pipelines,
+                              context.input_pipeline_id).batch(BATCH)
+    return model.fit(self.strategy.distribute_datasets_from_function(shard),
+                     epochs=2, verbose=0, callbacks=cb)
+
+  def dataset_sharding_off(self, model, cb):
+    # The user gives each worker its own rows (uneven: the slow worker the
+    # fewest) and turns auto-sharding off: fit reads them all every epoch.
+    start, stop = OWN_ROWS[self.me]
+    options = self.tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        self.tf.data.experimental.AutoShardPolicy.OFF)
+    ds = self._ds().skip(start).take(stop - start).batch(BATCH)
+    return model.fit(ds.with_options(options), epochs=2, verbose=0,
+                     callbacks=cb)
 
   def dataset_from_generator(self, model, cb):
     x, y = self.x, self.y

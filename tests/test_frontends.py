@@ -118,6 +118,18 @@ def test_tf_keras_matrix_fit_returns_together(tf_keras_matrix, case):
     assert max(ends) - min(ends) < bound, (epoch, ends, bound)
 
 
+@pytest.mark.parametrize("case", ["distributed_dataset",
+                                  "dataset_sharding_off"])
+def test_tf_keras_matrix_each_worker_reads_its_own_data_every_epoch(
+    tf_keras_matrix, case):
+  """As the Keras 3 test of the same name (test_frontends_keras3.py)."""
+  _, _, result = tf_keras_matrix
+  outs = _tfk_outputs(result, case)
+  for w, o in enumerate(outs):
+    own = frontend_programs.own_batches(case, w, _TFK_WORKERS)
+    assert o["batches"] == [own] * o["epochs"], (case, w, o["batches"])
+
+
 def test_tf_keras_matrix_shuffled_arrays_every_sample_once_per_epoch(
     tf_keras_matrix):
   """As the Keras 3 test of the same name (test_frontends_keras3.py)."""

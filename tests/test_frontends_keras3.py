@@ -71,6 +71,17 @@ def test_the_cluster_trains_on_one_data_set_per_epoch(matrix, case):
         f"{batches} batches")
 
 
+@pytest.mark.parametrize("case", ["distributed_dataset",
+                                  "dataset_sharding_off"])
+def test_each_worker_reads_its_own_data_every_epoch(matrix, case):
+  # Data already each worker's own is not split again: every worker, the
+  # slow one too, takes each of its own batches once per epoch.
+  outs = _outputs(matrix, case)
+  for w, o in enumerate(outs):
+    own = frontend_programs.own_batches(case, w, WORKERS)
+    assert o["batches"] == [own] * o["epochs"], (case, w, o["batches"])
+
+
 def test_shuffled_arrays_every_sample_once_per_epoch(matrix):
   """One slow worker, shuffled NumPy arrays: in each epoch the cluster
   trains on every sample once (planned: one shared order cut by the plan;

@@ -237,8 +237,11 @@ def test_traffic_between_workers_flows_at_the_shaped_rate(emulation,
   _assert_gone({int(me[i][3]) for i in range(2)}, proc.pid)
 
 
-def test_a_restarted_job_runs_in_the_same_namespaces(emulation):
-  # Worker 0 fails on the first attempt; on the second, worker 1 reaches it.
+def test_a_restarted_job_runs_in_the_same_namespaces(emulation, tmp_path):
+  # Worker 0 fails on the first attempt, once worker 1 has said where it
+  # runs (a file: on a loaded machine worker 1 may start after worker 0 has
+  # failed, and the launcher stops it); on the second, worker 1 reaches it.
+  started = tmp_path / "worker1-started"
   code = (
       "import json, os, socket, sys, time\n"
       "c = json.loads(os.environ['TF_CONFIG']); i = c['task']['index']\n"
@@ -246,8 +249,14 @@ def test_a_restarted_job_runs_in_the_same_namespaces(emulation):
       "attempt = os.environ['OSCARS_LAUNCH_ATTEMPT']\n"
       "print('ns', attempt, i, os.stat('/proc/self/ns/net').st_ino,"
       " flush=True)\n"
+      f"started = {str(started)!r}\n"
+      "if attempt == '0' and i == 1:\n"
+      "  open(started, 'w').close(); time.sleep(30)\n"
       "if attempt == '0':\n"
-      "  sys.exit(3 if i == 0 else time.sleep(30))\n"
+      "  end = time.monotonic() + 30\n"
+      "  while not os.path.exists(started):\n"
+      "    assert time.monotonic() < end; time.sleep(0.05)\n"
+      "  sys.exit(3)\n"
       "if i == 0:\n"
       "  s = socket.create_server((host, int(port))); s.settimeout(30)\n"
       "  s.accept()[0].sendall(b'hello')\n"

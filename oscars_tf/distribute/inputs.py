@@ -9,6 +9,21 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import input_util
 
 
+def worker_share(dataset):
+  """Marks a dataset this strategy distributed to this worker (the one-CPU
+  fast path returns a plain tf.data.Dataset): `fit` must not split it
+  between workers again (frontends/fit_inputs.py)."""
+  dataset._oscars_worker_share = True  # pylint: disable=protected-access
+  return dataset
+
+
+def is_worker_share(x):
+  """A dataset already distributed to this worker: a tf.distribute
+  DistributedDataset, or one the fast path marked."""
+  return (isinstance(x, tf.distribute.DistributedDataset) or
+          getattr(x, "_oscars_worker_share", False))
+
+
 class WorkerInputs:
   """Mixin for the extended: shards by worker, fast path for one replica."""
 
@@ -27,7 +42,7 @@ class WorkerInputs:
       # skipping TF's multi-device iterator saves ~0.5 ms per step (measured
       # in benchmarks/overhead.py). Elements are plain tensors, which
       # strategy.run and experimental_local_results accept for one replica.
-      return dataset.prefetch(tf.data.AUTOTUNE)
+      return worker_share(dataset.prefetch(tf.data.AUTOTUNE))
     return super()._experimental_distribute_dataset(dataset, options)
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
@@ -36,7 +51,7 @@ class WorkerInputs:
         input_pipeline_id=self._cluster.worker_index,
         num_replicas_in_sync=self._num_replicas_in_sync)
     if self._single_cpu():
-      return dataset_fn(context).prefetch(tf.data.AUTOTUNE)
+      return worker_share(dataset_fn(context).prefetch(tf.data.AUTOTUNE))
     return input_util.get_distributed_datasets_from_function(
         dataset_fn, self._input_workers_with_options(options), [context],
         self._container_strategy(), options)

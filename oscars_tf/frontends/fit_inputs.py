@@ -9,7 +9,9 @@ Two ways to split an epoch between workers:
 * **sharded** (the Fixed schedule, or an input whose length is unknown):
   each worker reads its own shard once per epoch; when its data runs out
   it waits at the round protocol until every worker's has
-  (`extended.epochs.finish`), so unequal shards cannot hang.
+  (`extended.epochs.finish`), so unequal shards cannot hang. Data that is
+  each worker's own already (a dataset the strategy distributed, or one
+  with `AutoShardPolicy.OFF`) is read so, whole, and not split again.
 
 Either way the cluster sees each training sample about once per epoch.
 Nothing here imports Keras: the flavour passes what it knows (its PyDataset
@@ -26,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from oscars_tf.distribute import inputs
 from oscars_tf.frontends import shared_order
 
 
@@ -59,6 +62,19 @@ def is_array_like(data):
       isinstance(a, (np.ndarray, tf.Tensor)) or _is_pandas(a) for a in leaves)
 
 
+def is_workers_own(x):
+  """Input `fit` must not split between workers: a dataset this strategy
+  distributed (`experimental_distribute_dataset`,
+  `distribute_datasets_from_function`) or one whose options turn sharding
+  off (`AutoShardPolicy.OFF`: the user gives each worker its data, as
+  under TensorFlow's own multi-worker strategies)."""
+  if inputs.is_worker_share(x):
+    return True
+  return isinstance(x, tf.data.Dataset) and (
+      x.options().experimental_distribute.auto_shard_policy ==
+      tf.data.experimental.AutoShardPolicy.OFF)
+
+
 def _is_pandas(a):
   return type(a).__module__.startswith("pandas")
 
@@ -85,6 +101,8 @@ def check_has_samples(x, num_workers):
   n = num_samples(x)
   if n is None:
     return
+  if is_workers_own(x):  # this worker's batches, not the cluster's
+    num_workers = 1
   if n == 0:
     raise ValueError("oscars_tf: `fit` got no training data (0 samples or "
                      "batches); every worker needs at least one batch.")
@@ -101,6 +119,14 @@ def split_for_worker(flavour, inp, num_workers, index, planned):
   whose epoch length is unknown is sharded all the same.
   """
   x = inp.x
+  if is_workers_own(x):
+    # Each worker's data is its own already: read once per epoch; an epoch
+    # ends when every worker's has run out, as with an input of unknown
+    # length.
+    return dataclasses.replace(inp, kind=(
+        "a distributed dataset, this worker's own"
+        if inputs.is_worker_share(x) else
+        "tf.data with AutoShardPolicy.OFF, this worker's own"))
   if is_array_like(x):
     return _arrays(inp, num_workers, index, planned)
   if isinstance(x, tf.data.Dataset):
