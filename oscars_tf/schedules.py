@@ -86,7 +86,7 @@ GROUPINGS = ("host", "speed", "global")
 WEIGHTINGS = ("work", "equal", "normalized")
 # Adaptive's default floor on a round's planned compute share: issue 14's
 # 97 % at 1,024 lognormal workers, with a margin for rounds planned on
-# imputed rates (benchmarks/control_plane.py: 0.970 to 0.974 over 3 seeds).
+# imputed rates (benchmarks/control_plane.py: 0.970 to 0.976 over 3 seeds).
 DEFAULT_MIN_UTILIZATION = 0.975
 
 
@@ -143,7 +143,7 @@ class Adaptive(Schedule):
       fastest) until the round's planned compute share reaches it. Whole
       steps cost a cluster of widely spread speeds a few percent of its
       time (1,024 lognormal workers, sigma 0.5: 0.945 at the period rule's
-      T, 0.97 to 0.974 with T about 2.5x longer); a cluster whose speeds
+      T, 0.970 to 0.976 with T about 2.5x longer); a cluster whose speeds
       are near whole multiples of each other keeps the period rule's T.
       The price of a longer T is fewer averagings.
 
