@@ -24,6 +24,20 @@ def is_worker_share(x):
           getattr(x, "_oscars_worker_share", False))
 
 
+def sharding_off(dataset):
+  """Whether `dataset`'s options turn auto-sharding off (the user gives
+  each worker its data, as under TensorFlow's own strategies)."""
+  return (dataset.options().experimental_distribute.auto_shard_policy ==
+          tf.data.experimental.AutoShardPolicy.OFF)
+
+
+def is_workers_own(x):
+  """Input no one may split between workers again: a dataset this strategy
+  distributed, or a tf.data.Dataset with auto-sharding off."""
+  return is_worker_share(x) or (isinstance(x, tf.data.Dataset) and
+                                sharding_off(x))
+
+
 class WorkerInputs:
   """Mixin for the extended: shards by worker, fast path for one replica."""
 
@@ -32,9 +46,8 @@ class WorkerInputs:
             tf.DeviceSpec.from_string(self._devices[0]).device_type == "CPU")
 
   def _experimental_distribute_dataset(self, dataset, options):
-    off = tf.data.experimental.AutoShardPolicy.OFF
     if (self._cluster.is_multi_worker and not self._suppress_sharding and
-        dataset.options().experimental_distribute.auto_shard_policy != off):
+        not sharding_off(dataset)):
       dataset = dataset.shard(self._cluster.num_workers,
                               self._cluster.worker_index)
     if self._single_cpu():

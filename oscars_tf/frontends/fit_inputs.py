@@ -62,19 +62,6 @@ def is_array_like(data):
       isinstance(a, (np.ndarray, tf.Tensor)) or _is_pandas(a) for a in leaves)
 
 
-def is_workers_own(x):
-  """Input `fit` must not split between workers: a dataset this strategy
-  distributed (`experimental_distribute_dataset`,
-  `distribute_datasets_from_function`) or one whose options turn sharding
-  off (`AutoShardPolicy.OFF`: the user gives each worker its data, as
-  under TensorFlow's own multi-worker strategies)."""
-  if inputs.is_worker_share(x):
-    return True
-  return isinstance(x, tf.data.Dataset) and (
-      x.options().experimental_distribute.auto_shard_policy ==
-      tf.data.experimental.AutoShardPolicy.OFF)
-
-
 def _is_pandas(a):
   return type(a).__module__.startswith("pandas")
 
@@ -101,7 +88,7 @@ def check_has_samples(x, num_workers):
   n = num_samples(x)
   if n is None:
     return
-  if is_workers_own(x):  # this worker's batches, not the cluster's
+  if inputs.is_workers_own(x):  # this worker's batches, not the cluster's
     num_workers = 1
   if n == 0:
     raise ValueError("oscars_tf: `fit` got no training data (0 samples or "
@@ -119,7 +106,7 @@ def split_for_worker(flavour, inp, num_workers, index, planned):
   whose epoch length is unknown is sharded all the same.
   """
   x = inp.x
-  if is_workers_own(x):
+  if inputs.is_workers_own(x):
     # Each worker's data is its own already: read once per epoch; an epoch
     # ends when every worker's has run out, as with an input of unknown
     # length.
