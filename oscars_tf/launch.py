@@ -331,7 +331,9 @@ def _run(command):
           f"{FLAGS.num_workers} worker and {FLAGS.num_ps} ps servers.",
           file=sys.stderr)
     return 0
-  print(f"oscars-launch: all {FLAGS.num_workers} workers finished.",
+  spread = job.exit_spread()
+  apart = "" if spread is None else f" (their exits {spread:.2f} s apart)"
+  print(f"oscars-launch: all {FLAGS.num_workers} workers finished{apart}.",
         file=sys.stderr)
   return 0
 

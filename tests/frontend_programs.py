@@ -13,7 +13,9 @@ Writes <outdir>/worker_<index>.json.
 import json
 import os
 import sys
+import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -331,6 +333,7 @@ def main(params):
       schedule=schedule, collective_timeout=params.get("timeout", 60),
       straggler_timeout=params.get("straggler_timeout", 30))
   me = strategy.worker_index
+  frees = _IteratorFrees()
   cases = _Cases(keras, tf, strategy, params["outdir"])
   out = {"cases": {}}
   path = os.path.join(params["outdir"], f"worker_{me}.json")
@@ -350,8 +353,10 @@ def main(params):
                                 else None))
     counter = _step_counter(keras, strategy, seen)
     rounds_before = len(strategy.round_history)
+    frees.clear()
     history = getattr(cases, name)(model, [counter])
     returned_at = time.time()  # one clock for all workers (one machine)
+    freed_here = frees.on_this_thread(since=counter.train_end_at)
     rounds = strategy.round_history[rounds_before:]
     final = cases.__dict__.pop("final", None) or model
     arrays = [np.asarray(v.numpy()) for v in final.weights
@@ -369,11 +374,50 @@ def main(params):
         "samples": _samples_per_epoch(cases.x, seen, counter.seen_at_end),
         "history": {k: [float(v) for v in vs]
                     for k, vs in history.history.items()},
-        "seconds": time.perf_counter() - t0}
+        "seconds": time.perf_counter() - t0,
+        # tf.data iterators deleted on the training thread at the end of a
+        # `fit` (deleting one can block for seconds: deferred_release).
+        "iterators_freed_on_training_thread": freed_here}
     with open(path + ".tmp", "w") as f:
       json.dump(out, f)
     os.replace(path + ".tmp", path)
     print(f"case {name} ends", flush=True)
+
+
+class _IteratorFrees:
+  """Which thread deletes each tf.data iterator, and when: a weak
+  reference's callback runs on the thread that frees its object, before
+  the iterator resource it holds is deleted."""
+
+  def __init__(self):
+    from tensorflow.python.data.ops import iterator_ops  # pylint: disable=g-import-not-at-top
+    self._lock = threading.Lock()
+    self._refs = set()
+    self._frees = []  # (thread name, time.time())
+    original = iterator_ops.OwnedIterator.__init__
+    watcher = self
+
+    def init(iterator, *args, **kwargs):
+      original(iterator, *args, **kwargs)
+      with watcher._lock:  # pylint: disable=protected-access
+        watcher._refs.add(weakref.ref(iterator, watcher._freed))  # pylint: disable=protected-access
+    iterator_ops.OwnedIterator.__init__ = init
+
+  def _freed(self, ref):
+    with self._lock:
+      self._refs.discard(ref)
+      self._frees.append((threading.current_thread().name, time.time()))
+
+  def clear(self):
+    with self._lock:
+      self._frees.clear()
+
+  def on_this_thread(self, since):
+    """Iterators this thread deleted from `since` (None: never) on."""
+    name = threading.current_thread().name
+    with self._lock:
+      return sum(since is not None and who == name and at >= since
+                 for who, at in self._frees)
 
 
 def _recorder(keras, tf, seen):
@@ -427,7 +471,11 @@ def _step_counter(keras, strategy, seen=()):
       self.batches = []
       self.epoch_ends = []
       self.seen_at_end = []  # len(seen) at each epoch end
+      self.train_end_at = None
       self._start = 0
+
+    def on_train_end(self, logs=None):
+      self.train_end_at = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
       self._start = strategy.stats()["local_step"]

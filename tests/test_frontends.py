@@ -118,6 +118,18 @@ def test_tf_keras_matrix_fit_returns_together(tf_keras_matrix, case):
     assert max(ends) - min(ends) < bound, (epoch, ends, bound)
 
 
+@pytest.mark.parametrize("case", _tfk_cases())
+def test_tf_keras_matrix_no_input_iterator_deleted_on_the_training_thread(
+    tf_keras_matrix, case):
+  """As the Keras 3 test of the same name (test_frontends_keras3.py)."""
+  cases, _, result = tf_keras_matrix
+  if case not in cases:
+    pytest.skip(f"{case}: {_TFK_PROGRAM_GAPS[case]}")
+  outs = _tfk_outputs(result, case)
+  freed = [o["iterators_freed_on_training_thread"] for o in outs]
+  assert freed == [0] * len(outs), (case, freed)
+
+
 @pytest.mark.parametrize("case", ["distributed_dataset",
                                   "dataset_sharding_off"])
 def test_tf_keras_matrix_each_worker_reads_its_own_data_every_epoch(

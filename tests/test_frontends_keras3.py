@@ -127,6 +127,17 @@ SPREAD_MARGIN_S = 1.0
 
 
 @pytest.mark.parametrize("case", cases())
+def test_no_input_iterator_is_deleted_on_the_training_thread(matrix, case):
+  """Deleting an autotuned tf.data iterator can block for seconds (issue
+  42: a worker's `fit` returned 4-5 s after the others, its training thread
+  in that deletion as the input scope closed). None may be deleted on the
+  training thread from `on_train_end` on, on any worker."""
+  outs = _outputs(matrix, case)
+  freed = [o["iterators_freed_on_training_thread"] for o in outs]
+  assert freed == [0] * WORKERS, (case, freed)
+
+
+@pytest.mark.parametrize("case", cases())
 def test_every_worker_returns_from_fit_and_ends_epochs_together(matrix, case):
   """No worker idles after the others at the end of `fit` or of an epoch:
   within one round plus MARGIN_S (before issue 16: up to 9 s, the deletion

@@ -44,7 +44,8 @@ def test_output_is_prefixed_with_the_worker_index():
   for i in range(2):
     assert re.search(rf"^\[{i}\] hello {i} 127\.0\.0\.1:\d+$", proc.stdout,
                      re.MULTILINE), proc.stdout
-  assert "all 2 workers finished" in proc.stderr
+  assert re.search(r"all 2 workers finished \(their exits \d+\.\d\d s "
+                   r"apart\)\.", proc.stderr), proc.stderr
 
 
 def test_a_failing_worker_ends_the_job_within_seconds():

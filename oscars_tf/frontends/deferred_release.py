@@ -1,20 +1,34 @@
 """Input iterators released off the training thread.
 
-Deleting a tf.data iterator whose pipeline is autotuned (Keras' adapters for
-arrays and PyDatasets use AUTOTUNE) waits for the iterator's autotune thread
-to end, which it does at that thread's next wake-up: seconds later in a long
-`fit` (measured: up to 5-10 s, on one worker at random). On the training
-thread at the end of `fit`, that made one worker's `fit` return that much
-after the others' (issue 16). The last references are dropped on a daemon
-thread instead. At exit the process waits for those threads (bounded), so
-that TensorFlow is not torn down under a deletion in progress.
+Deleting an autotuned tf.data iterator (autotuning is on by default, for
+every pipeline) can block for seconds: its destructor cancels the
+iterator's autotune thread and waits for it to end. TensorFlow's
+cancellation wakes that thread before it marks the iterator cancelled
+(tsl's CancellationManager runs its callbacks, then sets is_cancelled_),
+and the woken thread, finding it not cancelled yet, sleeps out the rest of
+its optimization period: up to 60 s, doubling from 10 ms over the
+iterator's life. The wake-up is lost when the woken thread runs before the
+deleting one finishes, which CPU contention makes likely: pinned to one
+CPU beside a busy loop, deleting an iterator 7 s old took 3.2 s in every
+try (its thread's next timer, at 10.2 s), and 0.001 s with autotuning off
+or on an idle second core. On the training thread at the end of `fit`
+that made one worker's `fit` return seconds after the others (issues 16
+and 42).
+
+So the last references are dropped on a daemon thread instead, and the
+training thread must keep none (a loop variable left in a frame is
+enough). At exit the process waits for those threads only briefly
+(JOIN_AT_EXIT_S): a deletion still blocked then waits for a thread
+TensorFlow left asleep, and the process ends without it, as it does with
+TensorFlow's own background threads (checked: a deletion woken during the
+interpreter's shutdown, exit code 0).
 """
 
 import atexit
 import threading
 import time
 
-JOIN_AT_EXIT_S = 60.0
+JOIN_AT_EXIT_S = 0.2  # a deletion not hit by the lost wake-up takes ms
 KEEP_LATEST = 2  # input iterators kept per loop (see keep_latest)
 
 _lock = threading.Lock()

@@ -99,10 +99,17 @@ def epoch_iterators(planned=False):
     yield
   finally:
     trainer.TFEpochIterator = original
-    for it in made:  # stops a PyDataset's loader threads now
-      if hasattr(it, "close_stream"):
-        it.close_stream()
+    _close_streams(made)
     deferred_release.release(made)
+
+
+def _close_streams(made):
+  # A function of its own: a loop variable left in epoch_iterators' frame
+  # held the last iterator past `release`, and it was deleted on the
+  # training thread as the context closed (issue 42).
+  for iterator in made:  # stops a PyDataset's loader threads now
+    if hasattr(iterator, "close_stream"):
+      iterator.close_stream()
 
 
 @functools.lru_cache(maxsize=None)

@@ -216,6 +216,9 @@ class Job:
     self.lost = {}  # worker -> (exit code, seconds since start)
     self.killed = []  # workers that needed SIGKILL after the grace period
     self.exited = {}  # worker -> exit code, of those that ended by themselves
+    # position -> time.time() when `wait` first saw the process gone (to
+    # `poll` seconds): how far apart a job's workers ended.
+    self.exit_times = {}
     self._threads = []
     # Two pipes, each pumped by whole lines: a log line on stderr is never
     # glued onto a progress bar's unfinished line on stdout. A capturing
@@ -259,6 +262,12 @@ class Job:
         self._threads.append(t)
       self.procs.append(p)
 
+  def exit_spread(self):
+    """Seconds from the first to the last worker's exit as `wait` saw them
+    (to its `poll`), or None before two have exited."""
+    times = [t for i, t in self.exit_times.items() if i not in self.servers]
+    return max(times) - min(times) if len(times) > 1 else None
+
   def name(self, i):
     """How messages name process `i`: "worker 3", "chief", "ps 0"."""
     return task_name(*self.tasks[i])
@@ -294,6 +303,10 @@ class Job:
         failed = "signal"
         break
       codes = [p.poll() for p in self.procs]
+      now = time.time()
+      for i, c in enumerate(codes):
+        if c is not None:
+          self.exit_times.setdefault(i, now)
       for i, c in sorted(enumerate(codes), key=lambda ic: (ic[1] or 0) >= 0):
         # Deaths first: a survivor of the dead worker's collective (75)
         # then ends the job, to be restarted with the chief (lost_a_peer),
