@@ -399,6 +399,8 @@ class _IteratorFrees:
 
     def init(iterator, *args, **kwargs):
       original(iterator, *args, **kwargs)
+      if not iterator_ops.context.executing_eagerly():
+        return  # a symbolic one, while a tf.function is traced: no resource
       with watcher._lock:  # pylint: disable=protected-access
         watcher._refs.add(weakref.ref(iterator, watcher._freed))  # pylint: disable=protected-access
     iterator_ops.OwnedIterator.__init__ = init
