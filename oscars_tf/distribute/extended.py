@@ -128,7 +128,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         end_round_now=self.average_now)
     if info.is_multi_worker:
       epochs_lib.note_uncaught_errors()
-      # atexit runs these last-registered first: end the rounds, then leave.
+      # atexit runs these last-registered first: end the rounds, leave,
+      # then make the interpreter's shutdown quick.
+      atexit.register(epochs_lib.teardown_quickly, self.round_logs)
       atexit.register(self.epochs.leave_at_exit, collective_timeout)
       atexit.register(self.epochs.finish_at_exit)
 

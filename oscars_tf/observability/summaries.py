@@ -135,6 +135,11 @@ class RoundLogging:
           self._book)
       self._book.observer = self._summaries
 
+  def flush(self):
+    """Writes out the summaries buffered so far, if logging."""
+    if self._summaries is not None:
+      self._summaries.flush()
+
   def finish_logs(self):
     """Flushes summaries and writes this worker's timeline (if logging)."""
     if self._logdir:
