@@ -57,7 +57,7 @@ SLOW_MODULES = frozenset({
     "test_adaptive", "test_benchmark_smoke", "test_cli_help",
     "test_control_plane_tf", "test_coordinator", "test_cpu_limit_from_ready",
     "test_cpu_limits",
-    "test_faults", "test_forkserver", "test_frontends",
+    "test_faults", "test_fit_end_together", "test_forkserver", "test_frontends",
     "test_frontends_keras3", "test_launch", "test_launch_emulated",
     "test_launch_ps", "test_multiworker", "test_netns", "test_observability",
     "test_poison", "test_random_faults", "test_recovery",
