@@ -3,11 +3,12 @@
     checkpoint.save(model, directory, epoch, strategy)      # the chief
     epoch = checkpoint.restore(model, directory, strategy)  # every worker
 
-Each save writes `epoch-<N>.weights.h5` (through a temporary file and an
-atomic rename), with an outer optimizer its state `epoch-<N>.outer.npz` (the
-same way), then `last.json`, which names them (also renamed into place),
-then deletes older files. A crash at any point leaves `last.json` naming
-complete files: the previous checkpoint, or the new one. Keras'
+Each save writes `epoch-<N>.weights.h5` (through a temporary file, flushed
+to disk and renamed), with an outer optimizer its state `epoch-<N>.outer.npz`
+(the same way), then `last.json`, which names them (also renamed into
+place), flushes the directory, then deletes older files. A crash or a power
+loss at any point leaves `last.json` naming complete files: the previous
+checkpoint, or the new one (distribute/saved_files.py). Keras'
 `save_weights` includes the optimizer's variables, so a resumed run
 continues the optimizer's step count and slots; the outer optimizer's start
 and momentum (`OscarsStrategy.outer_state`) resume too.
@@ -28,6 +29,7 @@ import numpy as np
 from absl import logging
 
 from oscars_tf.distribute import round_state
+from oscars_tf.distribute import saved_files
 
 STATE = "last.json"
 
@@ -54,7 +56,7 @@ def save(model, directory, epoch, strategy=None):
   name = _weights_name(epoch)
   tmp = os.path.join(directory, f".tmp-{os.getpid()}")
   model.save_weights(tmp + ".weights.h5")
-  os.replace(tmp + ".weights.h5", os.path.join(directory, name))
+  saved_files.replace(tmp + ".weights.h5", os.path.join(directory, name))
   optimizer = getattr(model, "optimizer", None)
   state = {"epoch": int(epoch), "weights": name,
            "optimizer_step": int(optimizer.iterations.numpy())
@@ -69,6 +71,7 @@ def save(model, directory, epoch, strategy=None):
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp + ".json", os.path.join(directory, STATE))
+  saved_files.fsync_dir(directory)  # the renames, before any deletion
   for old in os.listdir(directory):  # superseded checkpoints
     if old.startswith("epoch-") and old not in (name, state.get("outer")) and (
         old.endswith(".weights.h5") or old.endswith(".outer.npz")):
@@ -82,7 +85,11 @@ def latest(directory):
   if not directory or not os.path.exists(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    state = json.load(f)
+  for key in ("weights", "outer"):
+    if state.get(key) is not None:
+      saved_files.plain_name(state[key], path)
+  return state
 
 
 def newest(directory):

@@ -10,7 +10,10 @@ directory:
     round-w<index>-step<optimizer step>.weights.h5  (through a temporary file)
     round-w<index>.json                             (names it; renamed last)
 
-so a crash while saving leaves the previous state or the new one, whole.
+so a crash or a power loss while saving leaves the previous state or the
+new one, whole (saved_files.py: each file flushed before its rename, the
+directory before a deletion). A state naming a file outside the directory
+is not a state (`states` leaves it out, saying so).
 The values are safe to read: a collective's result is assigned only after
 it returns, so a survivor holds the last averaged model plus its own local
 steps of the round in flight. `newest` picks what a restart resumes from
@@ -28,6 +31,7 @@ import time
 import numpy as np
 from absl import logging
 
+from oscars_tf.distribute import saved_files
 from oscars_tf.errors import WorkerLostError
 
 _STATE = re.compile(r"round-w(\d+)\.json$")
@@ -48,7 +52,7 @@ def save(model, directory, position, outer=None):
   name = f"round-w{worker}-step{step}.weights.h5"
   tmp = os.path.join(directory, f".tmp-round-w{worker}-{os.getpid()}")
   model.save_weights(tmp + ".weights.h5")
-  os.replace(tmp + ".weights.h5", os.path.join(directory, name))
+  saved_files.replace(tmp + ".weights.h5", os.path.join(directory, name))
   state = dict(position, weights=name)
   if outer is not None:
     state["outer"] = f"round-w{worker}-step{step}.outer.npz"
@@ -59,6 +63,7 @@ def save(model, directory, position, outer=None):
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp + ".json", os.path.join(directory, _state_name(worker)))
+  saved_files.fsync_dir(directory)  # the renames, before any deletion
   prefix = f"round-w{worker}-step"
   for old in os.listdir(directory):  # this worker's superseded weights
     if old.startswith(prefix) and old not in (name, state.get("outer")):
@@ -79,10 +84,17 @@ def states(directory):
       directory) else []:
     if not _STATE.match(entry):
       continue
+    path = os.path.join(directory, entry)
     try:
-      with open(os.path.join(directory, entry)) as f:
+      with open(path) as f:
         state = json.load(f)
       int(state["epoch"]), int(state["optimizer_step"]), int(state["worker"])
+      for key in ("weights", "outer"):
+        if key == "weights" or state.get(key) is not None:
+          saved_files.plain_name(state[key], path)
+    except saved_files.SavedStateError as e:
+      logging.warning("%s Left out.", e)
+      continue
     except (OSError, ValueError, KeyError, TypeError):
       continue
     if os.path.exists(os.path.join(directory, state["weights"])):

@@ -1,0 +1,60 @@
+"""Files of saved states that survive a power loss, and names that stay in
+their directory.
+
+A saved state is files named by a small JSON file (checkpoint.py's
+`last.json`, round_state.py's `round-w<i>.json`), written in this order:
+each file to a temporary name, flushed to disk (`fsync`) and renamed into
+place, the JSON file last; then the directory itself is flushed, so the
+renames are on disk; only then are superseded files deleted. A power loss
+at any point leaves the JSON file naming complete files on disk.
+
+The names inside a JSON file are read back as plain file names in its
+directory: an absolute path or one with a directory part (`../x`) would
+make a restore read, or the next save delete, a file elsewhere (as root
+when the launcher runs with --cpu_limit or an emulated network).
+"""
+
+import os
+
+from oscars_tf.errors import OscarsError
+
+
+class SavedStateError(OscarsError):
+  """A saved state's JSON file names a file outside its directory."""
+
+
+def fsync_file(path):
+  """Flushes the file at `path` to disk."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def fsync_dir(directory):
+  """Flushes `directory`'s entries (its renames) to disk."""
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def replace(tmp, path):
+  """Renames the written file `tmp` to `path` once it is on disk."""
+  fsync_file(tmp)
+  os.replace(tmp, path)
+
+
+def plain_name(name, source):
+  """`name` if it is a plain file name (no directory part, not `.` or
+  `..`), else SavedStateError naming `source` (the JSON file it came
+  from)."""
+  if (not isinstance(name, str) or not name or name in (".", "..") or
+      os.path.basename(name) != name or "/" in name or "\\" in name):
+    raise SavedStateError(
+        f"oscars_tf: {source} names {name!r}, which is not a file name in "
+        "its directory; a saved state names only its own files (was the "
+        "file edited?).")
+  return name
