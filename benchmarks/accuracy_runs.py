@@ -5,6 +5,7 @@ oscars-launch and examples/train.py, and the numbers read from its result.
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,29 @@ def run_job(name, launcher_args, train_args, outdir, timeout):
   with open(result) as f:
     out = json.load(f)
   out["job_wall_s"] = time.monotonic() - start
+  out.update(end_spreads(out, proc.stdout))
   return out
+
+
+def end_spreads(result, launcher_output):
+  """How far apart the workers ended: `end_spread_s` from the first to the
+  last worker's return from training (train.py's per-worker
+  training_returned_at; None where it is not reported, e.g. the ps
+  strategy), `exit_spread_s` from the first to the last process exit
+  (oscars-launch's last line; None without it)."""
+  returned = [w.get("training_returned_at", 0.0)
+              for w in result.get("per_worker", [])]
+  returned = [t for t in returned if t > 0]  # 0: dropped, not reported
+  exits = re.findall(r"their exits (\d+\.\d+) s apart", launcher_output)
+  return {"end_spread_s": (max(returned) - min(returned)
+                           if len(returned) > 1 else None),
+          "exit_spread_s": float(exits[-1]) if exits else None}
+
+
+def spread_text(row):
+  """'fit/exit' end spreads of a row in seconds, e.g. '0.01/0.20'."""
+  return "/".join("-" if row.get(k) is None else f"{row[k]:.2f}"
+                  for k in ("end_spread_s", "exit_spread_s"))
 
 
 def time_to_target(curve, target):

@@ -139,6 +139,8 @@ def summarize(result, strategy, profile, period):
       "bytes_sent": [w["bytes_sent"] for w in workers],
       "collectives": [w["collectives"] for w in workers],
       "steps": [w["steps"] for w in workers],
+      "end_spread_s": result["end_spread_s"],
+      "exit_spread_s": result["exit_spread_s"],
       "curve": [(c["train_time_s"], c["test_accuracy"]) for c in curve]}
 
 
@@ -193,7 +195,7 @@ def print_table(rows, overhead, goal_rows):
   head = (f"{'profile':12} {'strategy':13} {'t->target s':>11} "
           f"{'acc@budget':>10} {'final acc':>9} {'util mean':>9} "
           f"{'util/worker':>20} {'real cpu':>8} {'MB sent':>8} "
-          f"{'collect.':>8}")
+          f"{'collect.':>8} {'ends s':>10}")
   print(head)
   print("-" * len(head))
   for r in rows:
@@ -208,9 +210,12 @@ def print_table(rows, overhead, goal_rows):
           f"{' '.join(f'{u:.2f}' for u in r['utilization']):>20} "
           f"{r['real_compute_share']:8.2f} "
           f"{statistics.fmean(r['bytes_sent']) / 1e6:8.2f} "
-          f"{statistics.fmean(r['collectives']):8.0f}")
+          f"{statistics.fmean(r['collectives']):8.0f} "
+          f"{accuracy_runs.spread_text(r):>10}")
   print("(* local_sgd periods not chosen as best; util = share of wall time "
-        "computing; real cpu = real share of compute, the rest SIMULATED)")
+        "computing; real cpu = real share of compute, the rest SIMULATED; "
+        "ends = how far apart the workers' training returned / their "
+        "processes exited)")
   if overhead:
     print(f"\nper-step overhead between syncs, 1 process: plain fit "
           f"{overhead['plain_step_ms']:.3f} ms, OscarsStrategy "

@@ -168,6 +168,8 @@ def run(profile, strategy, period, repeat, outdir):
       final_accuracy=result["test_accuracy"],
       train_time_s=curve[-1]["train_time_s"] if curve else 0.0,
       job_wall_s=result["job_wall_s"],
+      end_spread_s=result["end_spread_s"],
+      exit_spread_s=result["exit_spread_s"],
       curve=[(c["train_time_s"], c["test_accuracy"]) for c in curve])
 
 
@@ -235,7 +237,7 @@ def print_table(rows, goal_rows):
         f"{cpu_limits(FLAGS.num_workers)} CPU, links {FLAGS.bandwidth}")
   head = (f"{'profile':11} {'strategy':14} {'rep':>3} {'t->target s':>11} "
           f"{'final acc':>9} {'train s':>7} {'util/worker':>20} "
-          f"{'MB sent/w':>9} {'collect.':>8}")
+          f"{'MB sent/w':>9} {'collect.':>8} {'ends s':>10}")
   print(head)
   print("-" * len(head))
   for r in rows:
@@ -247,9 +249,11 @@ def print_table(rows, goal_rows):
           f"{r['final_accuracy']:9.3f} {r['train_time_s']:7.1f} "
           f"{' '.join(f'{u:.2f}' for u in r['utilization']):>20} "
           f"{statistics.fmean(r['bytes_sent']) / 1e6:9.1f} "
-          f"{statistics.fmean(r['collectives']):8.0f}")
+          f"{statistics.fmean(r['collectives']):8.0f} "
+          f"{accuracy_runs.spread_text(r):>10}")
   print("(* local_sgd periods not chosen as best; util = compute share of "
-        "training time, estimated alike for every strategy)")
+        "training time, estimated alike for every strategy; ends = how far "
+        "apart the workers' training returned / their processes exited)")
   for g in goal_rows:
     text = ("n/a" if g["median"] is None else
             f"{g['median']:.2f} (range {g['low']:.2f} to {g['high']:.2f})")

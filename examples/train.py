@@ -317,6 +317,7 @@ def main(argv):
       model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
                 initial_epoch=initial_epoch, callbacks=callbacks,
                 verbose=1 if is_chief else 0)
+  returned_at = time.time()  # how far apart workers end: a job's tail
   wall = clock.get("end", train_time())
   # Timed after training, under the CPU quota that training ran under.
   real_step_s = local_step_seconds()
@@ -334,7 +335,8 @@ def main(argv):
     # --cpu_limit_from=ready: the quota applied here (0: none pending), from
     # this optimizer step on (-1: none).
     row = dict(row, cpu_limit=clock.get("cpu_limit", 0.0),
-               limited_from_step=clock.get("limited_from_step", -1))
+               limited_from_step=clock.get("limited_from_step", -1),
+               training_returned_at=returned_at)
     per_worker = loops.gather_per_worker(strategy, list(row.values()))
   print(f"{who}: test accuracy {accuracy:.4f}, loss "
         f"{test_loss:.4f}, {steps} optimizer steps, {wall:.1f} s", flush=True)

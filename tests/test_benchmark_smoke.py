@@ -1,7 +1,7 @@
-"""Smoke test of benchmarks/heterogeneous.py (the benchmark is not a test).
+"""Smoke tests of the job-timing benchmarks (a benchmark is not a test).
 
-Runs --quick on 2 workers with a small model and short SIMULATED steps, and
-checks that the JSON has every field with sane values and the figure exists.
+Each runs --quick on a small setting and checks that the JSON has every
+field with sane values (and the figure exists).
 """
 
 import json
@@ -19,7 +19,15 @@ ROW_FIELDS = {"profile", "strategy", "period", "simulated_step_time",
               "time_to_target_s", "accuracy_at_budget", "final_accuracy",
               "train_time_s", "utilization", "utilization_mean",
               "utilization_second_half_mean", "real_compute_share",
-              "bytes_sent", "collectives", "steps", "curve", "chosen"}
+              "bytes_sent", "collectives", "steps", "curve", "chosen",
+              "end_spread_s", "exit_spread_s"}
+
+
+def _sane_end_spreads(row):
+  # How far apart the workers' training returned and their processes
+  # exited: measured (not asserted small; benchmarks/fit_end_spread.py).
+  assert row["end_spread_s"] is not None and row["end_spread_s"] >= 0, row
+  assert row["exit_spread_s"] is not None and row["exit_spread_s"] >= 0, row
 
 
 def test_quick_benchmark_writes_complete_sane_results(tmp_path):
@@ -54,6 +62,7 @@ def test_quick_benchmark_writes_complete_sane_results(tmp_path):
     assert all(c >= 1 for c in r["collectives"])
     assert all(s > 0 for s in r["steps"])
     assert r["curve"] and all(0 <= a <= 1 and t > 0 for t, a in r["curve"])
+    _sane_end_spreads(r)
   sync = next(r for r in rows if r["strategy"] == "sync_tf")
   assert sync["steps"][0] == sync["steps"][1]  # synchronous: equal steps
   overhead = result["overhead"]
@@ -65,7 +74,8 @@ REAL = BENCHMARK.parent / "real_conditions.py"
 REAL_ROW_FIELDS = {"profile", "strategy", "period", "repeat", "launcher",
                    "emulated", "time_to_target_s", "final_accuracy",
                    "train_time_s", "job_wall_s", "utilization", "bytes_sent",
-                   "collectives", "steps", "curve", "chosen"}
+                   "collectives", "steps", "curve", "chosen",
+                   "end_spread_s", "exit_spread_s"}
 
 
 def test_quick_real_conditions_benchmark_runs_under_real_cpu_quotas(
@@ -100,8 +110,34 @@ def test_quick_real_conditions_benchmark_runs_under_real_cpu_quotas(
     assert all(0 <= u <= 1 for u in r["utilization"])
     assert all(b > 0 for b in r["bytes_sent"])
     assert r["curve"] and all(0 <= a <= 1 and t > 0 for t, a in r["curve"])
+    _sane_end_spreads(r)
   assert any(g["goal"].startswith("cpu_uneven: oscars vs sync_tf")
              for g in result["goals"])
+
+
+SPREAD = BENCHMARK.parent / "fit_end_spread.py"
+
+
+def test_quick_fit_end_spread_benchmark_measures_fit_ends_and_exits(
+    tmp_path):
+  """--quick on the slow_model profile (3 workers, in-model sleeps,
+  SIMULATED): one job's fit-end and exit spreads, in the table and JSON."""
+  out = tmp_path / "spread.json"
+  proc = subprocess.run(
+      [sys.executable, str(SPREAD), "--quick", "--profiles=slow_model",
+       f"--result_json={out}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=420, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "slow_model  SIMULATED" in proc.stdout, proc.stdout[-2000:]
+  result = json.loads(out.read_text())
+  (row,) = result["rows"]
+  assert (row["profile"], row["workers"], row["epochs"]) == (
+      "slow_model", 3, 1)
+  (run,) = row["runs"]
+  assert len(run["workers"]) == 3 and run["fit_wall_s"] > 0
+  assert run["end_spread_s"] >= 0 and run["exit_spread_s"] >= 0
+  assert row["within_goal"] == int(run["within_goal"])
 
 
 def cpu_limits_usable():
