@@ -71,7 +71,7 @@ def save(model, directory, epoch, strategy=None):
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp + ".json", os.path.join(directory, STATE))
-  saved_files.fsync_dir(directory)  # the renames, before any deletion
+  saved_files.fsync(directory)  # the renames, before any deletion
   for old in os.listdir(directory):  # superseded checkpoints
     if old.startswith("epoch-") and old not in (name, state.get("outer")) and (
         old.endswith(".weights.h5") or old.endswith(".outer.npz")):

@@ -63,7 +63,7 @@ def save(model, directory, position, outer=None):
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp + ".json", os.path.join(directory, _state_name(worker)))
-  saved_files.fsync_dir(directory)  # the renames, before any deletion
+  saved_files.fsync(directory)  # the renames, before any deletion
   prefix = f"round-w{worker}-step"
   for old in os.listdir(directory):  # this worker's superseded weights
     if old.startswith(prefix) and old not in (name, state.get("outer")):

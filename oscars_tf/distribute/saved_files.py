@@ -23,18 +23,10 @@ class SavedStateError(OscarsError):
   """A saved state's JSON file names a file outside its directory."""
 
 
-def fsync_file(path):
-  """Flushes the file at `path` to disk."""
+def fsync(path):
+  """Flushes the file, or the directory's entries (its renames), at `path`
+  to disk."""
   fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def fsync_dir(directory):
-  """Flushes `directory`'s entries (its renames) to disk."""
-  fd = os.open(directory, os.O_RDONLY)
   try:
     os.fsync(fd)
   finally:
@@ -43,7 +35,7 @@ def fsync_dir(directory):
 
 def replace(tmp, path):
   """Renames the written file `tmp` to `path` once it is on disk."""
-  fsync_file(tmp)
+  fsync(tmp)
   os.replace(tmp, path)
 
 
