@@ -287,6 +287,71 @@ def _reachable_from_outside(args):
     proc.wait()
 
 
+_SLEEPER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], f"sleeper-{os.getpid()}"), "w").close()
+time.sleep(120)
+"""
+
+
+def _running(pid):
+  """Whether `pid` runs (a zombie, left for whoever reaps it, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def _wait_for(condition, timeout):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.05)
+  return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_nothing_a_worker_started_outlives_its_killed_launcher(tmp_path):
+  """Issue 43, item 9: the parent-death signal ends each worker's own
+  process (here `sh`) when the launcher is killed with SIGKILL, but not what
+  it started (here `python`); the job's guard (tools/job_guard.py) kills
+  the workers' process groups. Before it, both sleepers were alive 5 s
+  after the kill."""
+  sleeper = tmp_path / "sleeper.py"
+  sleeper.write_text(_SLEEPER)
+  launcher = subprocess.Popen(
+      LAUNCH + ["--num_workers", "2", "--", "sh", "-c",
+                f"{sys.executable} {sleeper} {tmp_path}; true"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  pids = []
+  try:
+    assert _wait_for(lambda: len(list(tmp_path.glob("sleeper-*"))) == 2,
+                     60), "the sleepers did not start"
+    pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("sleeper-*")]
+    launcher.kill()
+    launcher.wait(10)
+    assert _wait_for(lambda: not any(_running(p) for p in pids), 15), [
+        p for p in pids if _running(p)]
+  finally:
+    launcher.kill()
+    for pid in pids:
+      if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_that_ends_by_itself_dismisses_its_guard():
+  """The guard exits when the job is done, killing nothing: a finished
+  job leaves no guard behind."""
+  job = worker_processes.Job([sys.executable, "-c", "pass"], 1,
+                             out=io.StringIO())
+  codes, failed = job.wait(timeout=60)
+  assert (codes, failed) == ([0], None)
+  guard = job._guard._proc  # pylint: disable=protected-access
+  assert guard.poll() == 0
+
+
 def test_the_job_listens_in_a_private_network_by_default():
   if netns.unshare_command() is None:
     pytest.skip("this machine allows no private network namespace "

@@ -10,8 +10,6 @@ coordinator), the workers and the ps tasks, whose servers run until the
 chief is done. Imports no TensorFlow.
 """
 
-import ctypes
-import functools
 import json
 import os
 import signal
@@ -22,6 +20,7 @@ import threading
 import time
 
 from oscars_tf.errors import PEER_LOST_EXIT_CODE, WorkerStartError
+from oscars_tf.tools import job_guard
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -97,44 +96,6 @@ def _pump(stream, prefix, out):
   stream.close()
 
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-@functools.cache
-def _prctl():
-  """libc's prctl(2), or None where there is none (not Linux)."""
-  if not sys.platform.startswith("linux"):
-    return None
-  try:
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-  except (OSError, AttributeError):
-    return None
-  prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-  prctl.restype = ctypes.c_int
-  return prctl
-
-
-def _die_with_parent():
-  """A Popen preexec_fn: SIGKILL the child when its parent dies, or None.
-
-  A launcher killed with SIGKILL runs no handler, so only the kernel can
-  stop its workers: PR_SET_PDEATHSIG. The kernel sends it when the *thread*
-  that started the child exits, so a Job must be started from a thread that
-  outlives its workers (the launcher's main thread). Off Linux this returns
-  None and only signal forwarding and process groups stop the workers.
-  """
-  prctl = _prctl()
-  if prctl is None:
-    return None
-  parent = os.getpid()
-
-  def preexec():
-    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:  # The parent died before prctl took hold.
-      os.kill(os.getpid(), signal.SIGKILL)
-  return preexec
-
-
 def compose(*steps):
   """One preexec_fn running `steps` (the Nones skipped) in order, or None."""
   steps = [s for s in steps if s is not None]
@@ -182,7 +143,7 @@ class Job:
 
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
-  the Job dies (see _die_with_parent). With `num_ps`, the processes are a
+  the Job dies (see job_guard). With `num_ps`, the processes are a
   chief, the workers and the ps tasks (`tasks`, cluster_tasks' order); the
   workers' and ps tasks' servers never exit by themselves (`servers`), so
   the job is done when the chief is, and `wait` then stops them. Per-worker
@@ -225,7 +186,10 @@ class Job:
     # `out` without `err` gets both.
     err = err or (out if out is not None else sys.stderr)
     out = out or sys.stdout
-    die_with_parent = _die_with_parent()
+    die_with_parent = job_guard.die_with_parent()
+    # What the tasks start outlives them unless their groups are killed:
+    # by stop(), or by the guard if this process dies first.
+    self._guard = job_guard.Guard()
     configs = tf_configs(num_workers, host, hosts=hosts, num_ps=num_ps,
                          coordinator=coordinator)
     for position, ((kind, index), config) in enumerate(
@@ -254,6 +218,7 @@ class Job:
         raise WorkerStartError(
             f"cannot start {task_name(kind, index)}'s command "
             f"{command[0]!r}: {e.strerror or e}.") from e
+      self._guard_group(p.pid)
       for stream, sink in ((p.stdout, out), (p.stderr, err)):
         t = threading.Thread(target=_pump,
                              args=(stream, _prefix(kind, index), sink),
@@ -261,6 +226,13 @@ class Job:
         t.start()
         self._threads.append(t)
       self.procs.append(p)
+
+  def _guard_group(self, pid):
+    try:
+      if os.getpgid(pid) == pid:  # its own group (start_new_session)
+        self._guard.watch(pid)
+    except ProcessLookupError:
+      pass  # gone already
 
   def exit_spread(self):
     """Seconds from the first to the last worker's exit as `wait` saw them
@@ -340,6 +312,8 @@ class Job:
                 hurry=lambda: interrupt is not None and interrupt.count > seen)
     for t in self._threads:
       t.join(timeout=5)
+    if all(p.poll() is not None for p in self.procs):
+      self._guard.done()
     return [p.poll() for p in self.procs], failed
 
   def lost_a_peer(self, failed):
@@ -372,6 +346,7 @@ class Job:
       _signal_group(p, signal.SIGKILL)
       p.wait()
     self.killed = sorted(set(self.killed) | set(late))
+    self._guard.done()
     return late
 
 
