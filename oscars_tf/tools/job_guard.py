@@ -16,6 +16,7 @@ it. Standard library only, run with `python -S`: it starts in tens of ms.
     python -S job_guard.py    # reads "+<pgid>" lines, then "done" or EOF
 """
 
+import argparse
 import ctypes
 import functools
 import os
@@ -100,7 +101,13 @@ class Guard:
       pass  # the guard is gone: nothing left to tell it
 
 
-def main():
+def main(argv=None):
+  argparse.ArgumentParser(
+      prog="python -m oscars_tf.tools.job_guard",
+      description="A launched job's guard (oscars-launch starts it; not a "
+      "command for users): reads '+<process group>' lines on stdin, then "
+      "'done', and kills the process groups if stdin closes before "
+      "'done'.").parse_args(argv)
   groups = []
   for line in sys.stdin:
     line = line.strip()
