@@ -68,9 +68,7 @@ def save(model, directory, epoch, strategy=None):
                     tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp + ".json", os.path.join(directory, STATE))
+  saved_files.replace(tmp + ".json", os.path.join(directory, STATE))
   saved_files.fsync(directory)  # the renames, before any deletion
   for old in os.listdir(directory):  # superseded checkpoints
     if old.startswith("epoch-") and old not in (name, state.get("outer")) and (
@@ -85,11 +83,7 @@ def latest(directory):
   if not directory or not os.path.exists(path):
     return None
   with open(path) as f:
-    state = json.load(f)
-  for key in ("weights", "outer"):
-    if state.get(key) is not None:
-      saved_files.plain_name(state[key], path)
-  return state
+    return saved_files.check_names(json.load(f), path)
 
 
 def newest(directory):
@@ -151,9 +145,7 @@ def write_outer_npz(sets, path, tmp):
   to `path` through `tmp` and an atomic rename."""
   with open(tmp, "wb") as f:
     np.savez(f, **_to_npz_dict(sets))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  saved_files.replace(tmp, path)
 
 
 def _to_npz_dict(sets):

@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 
-import tensorflow as tf
 from absl import logging
 
 from oscars_tf import errors
@@ -68,6 +67,9 @@ def teardown_quickly(round_logs):
   memory all the same, but objects in reference cycles are not finalized
   (a summary writer of the user's should be closed or flushed; Keras'
   TensorBoard callback closes its own)."""
+  # Imported here: this module stays free of TensorFlow (a process that
+  # registered this handler, the strategy's, has it loaded already).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     round_logs.flush()
     tf.summary.flush()

@@ -60,9 +60,8 @@ def save(model, directory, position, outer=None):
                                tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp + ".json", os.path.join(directory, _state_name(worker)))
+  saved_files.replace(tmp + ".json",
+                      os.path.join(directory, _state_name(worker)))
   saved_files.fsync(directory)  # the renames, before any deletion
   prefix = f"round-w{worker}-step"
   for old in os.listdir(directory):  # this worker's superseded weights
@@ -89,9 +88,8 @@ def states(directory):
       with open(path) as f:
         state = json.load(f)
       int(state["epoch"]), int(state["optimizer_step"]), int(state["worker"])
-      for key in ("weights", "outer"):
-        if key == "weights" or state.get(key) is not None:
-          saved_files.plain_name(state[key], path)
+      saved_files.plain_name(state["weights"], path)  # required here
+      saved_files.check_names(state, path)
     except saved_files.SavedStateError as e:
       logging.warning("%s Left out.", e)
       continue

@@ -50,3 +50,12 @@ def plain_name(name, source):
         "its directory; a saved state names only its own files (was the "
         "file edited?).")
   return name
+
+
+def check_names(state, source):
+  """`state` (a saved state's JSON dict) if the files it names are plain
+  names (see `plain_name`), else SavedStateError."""
+  for key in ("weights", "outer"):
+    if state.get(key) is not None:
+      plain_name(state[key], source)
+  return state
