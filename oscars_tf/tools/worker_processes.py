@@ -143,7 +143,8 @@ class Job:
 
   Each worker leads its own process group (signals reach whatever it
   starts) and, on Linux, is killed by the kernel if the thread that created
-  the Job dies (see job_guard). With `num_ps`, the processes are a
+  the Job dies, and what it started with it, by the job's guard (see
+  job_guard). With `num_ps`, the processes are a
   chief, the workers and the ps tasks (`tasks`, cluster_tasks' order); the
   workers' and ps tasks' servers never exit by themselves (`servers`), so
   the job is done when the chief is, and `wait` then stops them. Per-worker
