@@ -57,6 +57,8 @@ flags.DEFINE_enum("loop", "auto", ["auto", "fit", "custom"],
                   "custom for multi_worker_mirrored).")
 flags.DEFINE_integer("num_samples", 8192, "Examples of --dataset=synthetic.",
                      lower_bound=2)
+flags.DEFINE_integer("steps_per_execution", 1, "Keras fit's steps per "
+                     "train-function call (fit only).", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed of data shuffling and initial weights.")
 flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch (and, "
                     "on every worker, when a peer is lost inside a "
@@ -205,7 +207,8 @@ def main(argv):
       sys.exit(f"train.py: {e}")
     model.compile(optimizer=_optimizer(keras),
                   loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True), metrics=["accuracy"])
+                      from_logits=True), metrics=["accuracy"],
+                  steps_per_execution=FLAGS.steps_per_execution)
   resumed_from = checkpoint.newest(FLAGS.checkpoint_dir)
   initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
   if resumed_from:

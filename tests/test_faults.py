@@ -194,3 +194,39 @@ def test_the_coordinator_tasks_death_ends_the_job(tmp_path):
   assert ("oscars-launch: coordinator was killed by SIGKILL; stopped the "
           "other workers.") in err
   assert not faults.workers_of(str(tmp_path / "ckpt"))
+
+
+def test_a_worker_stopped_until_training_ended_says_so_and_the_job_succeeds(
+    tmp_path):
+  # Worker 2 is stopped in the last epoch and resumed once the chief has
+  # finished: it is dropped after the straggler timeout, and on resuming
+  # finds training over. Its protocol error is raised inside the round
+  # end's tf.py_function (TensorFlow makes it an UnknownError: exit 1, a
+  # failed job, before the errors were carried).
+  ckpt, result = tmp_path / "ckpt", tmp_path / "r.json"
+  epochs = 4
+  args = [a for a in TRAIN_ARGS if not a.startswith("--straggler")]
+  job = faults.launch(3, args + [
+      f"--epochs={epochs}", "--straggler_timeout=2",
+      f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
+      ["--timeout=200"])
+  try:
+    faults.wait_for(lambda: faults.epoch_of(ckpt) >= epochs - 1, 150,
+                    "the last epoch", job)
+    workers = faults.workers_of(str(ckpt))
+    os.kill(workers[2], signal.SIGSTOP)
+    faults.wait_for(lambda: 0 not in faults.workers_of(str(ckpt)), 150,
+                    "the chief's end", job)
+    os.kill(workers[2], signal.SIGCONT)
+    out, err = faults.finish(job, 120)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 0, err[-3000:]
+  assert json.loads(result.read_text())["final_members"] == [0, 1]
+  told = [l for l in err.splitlines() if l.startswith("[2]") and
+          "WorkerLostError" in l]
+  assert told and "the chief's model and checkpoint are the job's result" in (
+      told[-1]), err[-3000:]
+  assert "UnknownError" not in err, err[-3000:]
+  assert "oscars-launch: the job finished without worker(s) [2]" in err

@@ -244,7 +244,7 @@ def test_lost_peer_restarts_are_bounded_and_other_failures_are_not_restarted(
   proc = _lose_a_peer(tmp_path, ["--lost_peer_restarts", "1"], always=True)
   assert proc.returncode == 1
   assert proc.stderr.count("restarting all 2 workers") == 1
-  assert ("worker 0 exited with code 75 (a peer was lost in a collective); "
+  assert ("worker 0 exited with code 75 (it lost a peer, or the job); "
           "stopped the other" in proc.stderr)
   # Code 75 without a death is no lost peer; --restarts=0 is kept.
   proc = _launch(["--num_workers", "2", "--grace_seconds", "1"],

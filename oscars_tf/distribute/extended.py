@@ -45,6 +45,7 @@ from oscars_tf.protocol import membership as membership_lib
 from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
 from oscars_tf.runtime import multi_worker_roles
+from oscars_tf.runtime import py_function_errors
 from oscars_tf.distribute.replicas import component_variables as _component_variables
 from oscars_tf.distribute.replicas import is_float as _is_float
 
@@ -210,7 +211,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       # slow worker reach the same round end in different iterations and
       # would never meet. The round end then runs as its own function,
       # outside the loop's frame.
-      end = self._end_round_function(variables)
+      end = py_function_errors.carried(self._end_round_function(variables))
       tf.cond(step >= self._rounds.next_sync,
               lambda: tf.py_function(end, [step, loss], []), tf.no_op)
       return

@@ -15,6 +15,7 @@ from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import py_function_errors
 from oscars_tf.runtime import sharded_sync
 
 # The dtype of each RoundPart field as it crosses tf.py_function.
@@ -85,17 +86,20 @@ class Rounds:
     self.next_sync.assign(k)
     self.scale.assign(scale)
 
-  # -- py_function bodies --------------------------------------------------
+  # -- py_function bodies (carried: what they raise keeps its class) -------
 
+  @py_function_errors.carried
   def _on_step(self, step):
     self.book.step(int(step))
     return np.int64(0)
 
+  @py_function_errors.carried
   def _on_arrive(self, step, loss, finite):
     part = self.book.arrive(int(step), float(loss), bool(finite))
     return [np.asarray(v, d.as_numpy_dtype)
             for v, d in zip(part, PART_DTYPES)]
 
+  @py_function_errors.carried
   def _on_averaged(self, table_vec, divergence, step, bytes_sent):
     k, scale = self.book.averaged(table_vec.numpy(), float(divergence),
                                   int(step), int(bytes_sent))

@@ -30,6 +30,7 @@ from absl import logging
 
 from oscars_tf.distribute import inputs
 from oscars_tf.frontends import shared_order
+from oscars_tf.runtime import py_function_errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +222,8 @@ def _ordered_batches(data, order, batch):
   tensors = tf.nest.map_structure(tf.convert_to_tensor, _lists_as_tuples(data))
 
   def rows(step):
-    indices = tf.py_function(order.indices, [step], tf.int64)
+    indices = tf.py_function(py_function_errors.carried(order.indices),
+                             [step], tf.int64)
     indices.set_shape([batch])
     return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
   return tf.data.Dataset.range(2**62).map(rows)

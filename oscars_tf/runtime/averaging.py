@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from oscars_tf.runtime import fault_injection
+from oscars_tf.runtime import py_function_errors
 from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
@@ -355,21 +356,38 @@ def peer_errors_explained(what, worker, num_workers, timeout,
                           collectives_only=False):
   """Turns a TensorFlow error of a collective at `what` into the clear one:
   PeerTimeoutError when peers did not arrive within `timeout`, else
-  WorkerLostError. With `collectives_only`, errors of other ops (a user's
-  input pipeline, say) pass unchanged."""
+  WorkerLostError. An exception raised in one of our py_functions comes
+  out as itself (see py_function_errors). With `collectives_only`, errors
+  of other ops (a user's input pipeline, say) pass unchanged."""
   try:
     yield
-  except PEER_ERRORS as e:
-    if collectives_only and "Collective" not in str(e):
+  except tf.errors.UnknownError as e:
+    raised = py_function_errors.original(e)
+    if raised is e:
       raise
-    if isinstance(e, tf.errors.DeadlineExceededError):
-      raise PeerTimeoutError(
-          f"worker {worker}: not every one of the {num_workers} workers "
-          f"reached {what} within {timeout:.0f} s (collective_timeout). A "
-          "worker may have died, stalled, or stopped training earlier than "
-          "the others.") from e
-    raise WorkerLostError(
-        f"worker {worker}: a peer is gone at {what} ({type(e).__name__}); a "
-        "worker may have died or stopped training earlier than the others. "
-        "This process's collectives are now aborted: restart the job (from "
-        "a checkpoint; oscars-launch --restarts does this).") from e
+    if isinstance(raised, PEER_ERRORS):
+      _raise_explained(raised, what, worker, num_workers, timeout,
+                       collectives_only)
+    # Raised in a round end's py_function (a peer lost to the protocol,
+    # a timeout): as itself, without TensorFlow's UnknownError around it.
+    raised.__suppress_context__ = True
+    raise raised
+  except PEER_ERRORS as e:
+    _raise_explained(e, what, worker, num_workers, timeout, collectives_only)
+
+
+def _raise_explained(e, what, worker, num_workers, timeout, collectives_only):
+  """Raises the clear error for a collective's TensorFlow error `e`."""
+  if collectives_only and "Collective" not in str(e):
+    raise e
+  if isinstance(e, tf.errors.DeadlineExceededError):
+    raise PeerTimeoutError(
+        f"worker {worker}: not every one of the {num_workers} workers "
+        f"reached {what} within {timeout:.0f} s (collective_timeout). A "
+        "worker may have died, stalled, or stopped training earlier than "
+        "the others.") from e
+  raise WorkerLostError(
+      f"worker {worker}: a peer is gone at {what} ({type(e).__name__}); a "
+      "worker may have died or stopped training earlier than the others. "
+      "This process's collectives are now aborted: restart the job (from "
+      "a checkpoint; oscars-launch --restarts does this).") from e

@@ -363,7 +363,7 @@ def _signal_group(proc, sig):
 
 def describe_exit(code):
   if code == PEER_LOST_EXIT_CODE:
-    return f"exited with code {code} (a peer was lost in a collective)"
+    return f"exited with code {code} (it lost a peer, or the job)"
   if code is not None and code < 0:
     try:
       return f"was killed by {signal.Signals(-code).name}"
