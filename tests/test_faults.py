@@ -16,6 +16,7 @@ import time
 import pytest
 
 import faults
+from oscars_tf.runtime import fault_injection
 
 STRAGGLER_S = 3
 TRAIN_ARGS = ["--dataset=digits", "--simulate_step_time=100ms",
@@ -230,3 +231,43 @@ def test_a_worker_stopped_until_training_ended_says_so_and_the_job_succeeds(
       told[-1]), err[-3000:]
   assert "UnknownError" not in err, err[-3000:]
   assert "oscars-launch: the job finished without worker(s) [2]" in err
+
+
+def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
+    tmp_path):
+  # Worker 2 is stopped past the straggler timeout (dropped), resumed, and
+  # stops itself again once its request to rejoin is in the store; it is
+  # killed there. The chief must not let the dead worker in: every member
+  # would wait for it in the round's collective, then the job would restart.
+  ckpt, result, markers = tmp_path / "ckpt", tmp_path / "r.json", tmp_path
+  job = faults.launch(3, TRAIN_ARGS + [
+      "--epochs=6", f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
+      ["--timeout=200"],
+      env={fault_injection.REJOIN_ENV: str(markers)})
+  try:
+    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 1, 150, "epoch 1", job)
+    victim = faults.workers_of(str(ckpt))[2]
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(3 * STRAGGLER_S)  # the stall itself, not a wait for anything
+    os.kill(victim, signal.SIGCONT)
+    marker = markers / "rejoin-w2"
+    faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
+                    "worker 2's request to rejoin", job)
+    killed_at = time.time()
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    out, err = faults.finish(job, 200)
+  except BaseException:
+    faults.kill(job)
+    raise
+  assert job.returncode == 0, err[-3000:]
+  assert "worker 2 was killed by SIGKILL; the others go on" in err
+  assert "restart" not in err, err[-3000:]
+  final = json.loads(result.read_text())
+  assert final["final_members"] == [0, 1]
+  assert not any(2 in e["rejoined"] for e in final["membership"])
+  after = [r for r in final["rounds"] if r["arrived_at"] > killed_at]
+  slowest = max(r["wait_s"] for r in after)
+  print(f"\nkill -9 of worker 2 of 3 while it waited to rejoin: not let in; "
+        f"the chief waited at most {slowest:.2f} s at a round "
+        f"end after it (collective_timeout 60 s)")
+  assert slowest < 10.0, after

@@ -305,3 +305,34 @@ def test_the_chief_leaves_after_the_members_are_done_or_gone():
   store.delete(f"{membership.PREFIX}done/1")
   chief.wait_until_done(timeout=0.5)  # bounded when no one says anything
   assert time.monotonic() - start < 2.0
+
+
+def test_a_rejoiner_whose_process_is_gone_is_not_let_in():
+  # Issue 43: a rejoiner killed while it waited left its request; the chief
+  # made it a newcomer, and every member then waited for it in the round's
+  # (global) collective until collective_timeout.
+  store = FakeStore()
+  gone = threading.Event()
+  chief = membership.Membership(store, 0, 3, 0.3, 5.0, 0.3,
+                                is_gone=lambda j: j == 2 and gone.is_set())
+  ws = [chief] + _workers(store, 3, straggler=0.3)[1:]
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
+  store.set(f"{membership.PREFIX}j/2", membership._dump(_row(2)))  # asked...
+  gone.set()  # ...and was killed before the next decision
+  out, errors = _run([lambda w=w: w.exchange(2, _row(w.me)) for w in ws[:2]])
+  assert errors == [None, None]
+  assert out[0].members == out[1].members == (0, 1)
+  assert out[0].newcomers == ()
+  # Its request is withdrawn, not read again at every round.
+  assert f"{membership.PREFIX}j/2" not in store.data
+
+
+def test_a_rejoiner_that_gives_up_withdraws_its_request():
+  store = FakeStore()
+  ws = _workers(store, 2, straggler=0.2, decision=0.5)
+  _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
+  # No chief decides again: worker 1 gives up after the decision timeout.
+  with pytest.raises(PeerTimeoutError, match="not let back in"):
+    ws[1].exchange(0, _row(1))
+  assert f"{membership.PREFIX}j/1" not in store.data

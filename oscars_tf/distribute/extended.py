@@ -24,8 +24,6 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
-from tensorflow.python.framework import func_graph
-from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf import cluster as cluster_lib
 from oscars_tf.distribute import averaged_variables
@@ -44,20 +42,11 @@ from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership as membership_lib
 from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import multi_worker_roles
 from oscars_tf.runtime import py_function_errors
 from oscars_tf.distribute.replicas import component_variables as _component_variables
 from oscars_tf.distribute.replicas import is_float as _is_float
-
-
-def _inside_while_loop():
-  """Whether the function being traced runs inside a tf.while_loop."""
-  graph = tf.compat.v1.get_default_graph()
-  while isinstance(graph, func_graph.FuncGraph):
-    if isinstance(graph, control_flow_util_v2.WhileBodyFuncGraph):
-      return True
-    graph = graph.outer_graph
-  return False
 
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
@@ -108,7 +97,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         simulate=simulate, membership=membership_lib.Membership(
             store, info.worker_index,
             info.num_workers, straggler_timeout, collective_timeout,
-            is_gone=is_gone, relay=relay) if info.is_multi_worker else None)
+            is_gone=is_gone, relay=relay,
+            asked_to_rejoin=fault_injection.at_rejoin_request)
+        if info.is_multi_worker else None)
     self.round_logs = summaries.RoundLogging(info, self._book)
     self._rounds = rounds_lib.Rounds(
         self._book, self._host, averaging_device, self._communication,
@@ -204,7 +195,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     step = self._rounds.step_ops()
     if not (self._cluster.is_multi_worker or self._local_sgd):
       return
-    if _inside_while_loop():
+    if rounds_lib.inside_while_loop():
       # TensorFlow matches a collective's members by instance key *and* by
       # the while-loop iteration it runs in; inside a loop (Keras'
       # steps_per_execution > 1, a custom loop over tf.range) a fast and a

@@ -10,6 +10,8 @@ book again to plan the next round.
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
+from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
@@ -31,6 +33,16 @@ PART_DTYPES = round_parts.RoundPart(
     segment_ids=tf.int32, segment_keys=tf.int32, segment_sizes=tf.int32,
     segment_top_keys=tf.int32, host_leads_rack=tf.bool,
     shard_racks_size=tf.int32)
+
+
+def inside_while_loop():
+  """Whether the function being traced runs inside a tf.while_loop."""
+  graph = tf.compat.v1.get_default_graph()
+  while isinstance(graph, func_graph.FuncGraph):
+    if isinstance(graph, control_flow_util_v2.WhileBodyFuncGraph):
+      return True
+    graph = graph.outer_graph
+  return False
 
 
 def _part_shape(name, n):

@@ -56,7 +56,8 @@ class Membership:
   def __init__(self, store, me, num_workers, straggler_timeout,
                decision_timeout, first_round_timeout=None, is_gone=None,
                distribution="deltas",
-               bytes_per_member=delta_budget.BYTES_PER_MEMBER, relay=None):
+               bytes_per_member=delta_budget.BYTES_PER_MEMBER, relay=None,
+               asked_to_rejoin=None):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
@@ -72,7 +73,10 @@ class Membership:
     None: nothing waits).
 
     `relay`: a host_relay.HostRelay ("deltas"), through which one member
-    per host reads each round's changes from the chief for the host."""
+    per host reads each round's changes from the chief for the host.
+
+    `asked_to_rejoin()`: called once a dropped worker's request is in
+    (fault-injection tests stop the process there)."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
@@ -95,6 +99,7 @@ class Membership:
     # Round 0 holds tracing and start-up, which take long and unevenly.
     self.first_round_timeout = float(first_round_timeout or decision_timeout)
     self.is_gone = is_gone or (lambda j: False)
+    self._asked_to_rejoin = asked_to_rejoin or (lambda: None)
     self.members = tuple(range(num_workers))
     self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
     self._epoch_done = 0
@@ -214,6 +219,7 @@ class Membership:
     t0 = time.monotonic()
     latest = _int_or(self._try_get(f"{PREFIX}latest"), round_)
     _put(self.store, f"{PREFIX}j/{self.me}", _dump(row))
+    self._asked_to_rejoin()
     r = max(round_, latest) + 1
     deadline = t0 + self.decision_timeout
     while True:
@@ -241,6 +247,7 @@ class Membership:
               "the chief's model and checkpoint are the job's result."
               ) from None
         if _left(deadline) <= 0:
+          self.store.delete(f"{PREFIX}j/{self.me}")  # not asking any more
           raise PeerTimeoutError(
               f"worker {self.me}: dropped at round {round_}, and not let "
               f"back in within {self.decision_timeout:.0f} s.") from None
@@ -356,8 +363,11 @@ class Membership:
     for j, text in zip(outside, asked):
       if text is not None:
         self.store.delete(f"{PREFIX}j/{j}")
-        rows[j] = text
-        newcomers.append(j)
+        # One that died while it waited is not let in: every member would
+        # wait for it in the round's collective until collective_timeout.
+        if not self.is_gone(j):
+          rows[j] = text
+          newcomers.append(j)
     # Every arrival of the round is read (or the chief's own): one call
     # deletes them all (a directory), not one RPC per member.
     self.store.delete(f"{PREFIX}a/{round_}")

@@ -2,6 +2,8 @@
 
     OSCARS_FAULT_HOLD_AT_COLLECTIVE=N:W:DIR
 
+    OSCARS_FAULT_HOLD_AT_REJOIN=DIR
+
 Every worker counts the averaging collectives it enters (each
 `GroupAverager.weighted_sum` that runs). At the N-th, each worker writes
 `DIR/collective-N-w<index>` right before entering it, and worker W then
@@ -10,6 +12,10 @@ waiting for W, which a test can kill with SIGKILL once every marker is
 there: a death inside a collective, hit every time. Each marker is written
 once, so the restarted job is not held again. Unset (always, outside
 tests), the collectives are built without the hook.
+
+The second: a dropped worker that has asked to rejoin writes
+`DIR/rejoin-w<index>` (its pid) and stops itself, once: a death while
+waiting to rejoin, hit every time.
 """
 
 import json
@@ -17,6 +23,7 @@ import os
 import signal
 
 ENV = "OSCARS_FAULT_HOLD_AT_COLLECTIVE"
+REJOIN_ENV = "OSCARS_FAULT_HOLD_AT_REJOIN"
 
 _entered = [0]  # collectives this process has entered
 
@@ -29,6 +36,22 @@ def _parse(spec):
 def _worker_index():
   config = json.loads(os.environ.get("TF_CONFIG") or "{}")
   return int(config.get("task", {}).get("index", 0))
+
+
+def _stop_once(marker):
+  """Writes `marker` (this pid) and stops this process, unless it exists."""
+  if os.path.exists(marker):  # held once already: a restarted job goes on
+    return
+  with open(marker, "w") as f:
+    f.write(str(os.getpid()))
+  os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def at_rejoin_request():
+  """Called once a dropped worker's request to rejoin is in the store."""
+  directory = os.environ.get(REJOIN_ENV)
+  if directory:
+    _stop_once(os.path.join(directory, f"rejoin-w{_worker_index()}"))
 
 
 def _enter(spec):
