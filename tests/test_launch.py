@@ -202,7 +202,9 @@ _LOSE_A_PEER = (
     "  while time.monotonic() < end and not (os.path.exists(f'{d}/w1-{a}') "
     "and open(f'{d}/w1-{a}').read() and gone(open(f'{d}/w1-{a}').read())):\n"
     "    time.sleep(0.02)\n"
-    "  raise errors.WorkerLostError(f'worker {i}: a peer is gone')\n")
+    "  e = errors.WorkerLostError(f'worker {i}: a peer is gone')\n"
+    "  e.peers = [s, v]  # the failed collective's members (exit_notes)\n"
+    "  raise e\n")
 
 
 def _lose_a_peer(tmp_path, args, always=False, workers=2, victim=1, mate=0):
@@ -254,6 +256,59 @@ def test_lost_peer_restarts_are_bounded_and_other_failures_are_not_restarted(
   (tmp_path / "nokeep").mkdir()
   proc = _lose_a_peer(tmp_path / "nokeep", ["--nokeep_going"])
   assert proc.returncode == 1 and "restarting" not in proc.stderr
+
+
+# Worker 2 is killed and dropped cleanly; later worker 1 loses the job on
+# its own (a WorkerLostError outside any collective: exit 75, its note
+# names no peer). The chief trains on and finishes.
+_LOSE_ALONE_AFTER_A_DEATH = (
+    "from oscars_tf import errors; from oscars_tf.distribute import epochs; "
+    "epochs.note_uncaught_errors(); d = os.environ['DIR']\n"
+    "def wait_for(name):\n"
+    "  end = time.monotonic() + 20\n"
+    "  while time.monotonic() < end and not os.path.exists(f'{d}/{name}'):\n"
+    "    time.sleep(0.02)\n"
+    "if i == 2:\n"
+    "  os.kill(os.getpid(), 9)\n"
+    "if i == 1:\n"
+    "  wait_for('dropped-2')\n"
+    "  raise errors.WorkerLostError('worker 1: cut off from the job')\n"
+    "wait_for('lost-1')\n"
+    "print('chief finished', flush=True)\n")
+
+
+def test_a_lone_exit_75_after_a_cleanly_dropped_death_is_a_lone_loss(
+    tmp_path):
+  # Issue 43: one earlier death made every later 75 look like its
+  # collective's survivor: the job was ended (here: restarted) and the
+  # healthy chief got SIGTERM, saving nothing.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  proc = subprocess.Popen(
+      LAUNCH + ["--num_workers=3", "--grace_seconds=1", "--", sys.executable,
+                "-c", WORKER + _LOSE_ALONE_AFTER_A_DEATH],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  lines = []
+  try:
+    # The launcher's lines tell the test (and the chief) what happened.
+    for line in proc.stderr:
+      lines.append(line)
+      if "worker 2 was killed by SIGKILL; the others go on" in line:
+        (tmp_path / "dropped-2").write_text("")
+      if "worker 1 exited with code 75" in line:
+        (tmp_path / "lost-1").write_text("")
+    out = proc.stdout.read()
+    proc.wait(timeout=60)
+  finally:
+    proc.kill()
+  err = "".join(lines)
+  assert proc.returncode == 0, err
+  assert "worker 1 exited with code 75 (it lost a peer, or the job); the " \
+         "others go on" in err
+  assert "restart" not in err and "stopped the other" not in err, err
+  assert "chief finished" in out
+  assert "the job finished without worker(s) [1, 2]" in err
 
 
 # A worker that listens like TensorFlow's gRPC server does (0.0.0.0:port),

@@ -18,6 +18,7 @@ import threading
 from absl import logging
 
 from oscars_tf import errors
+from oscars_tf import exit_notes
 from oscars_tf import schedules as schedules_lib
 
 
@@ -37,6 +38,7 @@ def note_uncaught_errors():
     _uncaught_error.set()
     if isinstance(exc, errors.WorkerLostError):
       _peer_lost.set()
+      exit_notes.write(getattr(exc, "peers", None))
     previous(exc_type, exc, tb)
   hook._oscars_notes_errors = True  # pylint: disable=protected-access
   sys.excepthook = hook

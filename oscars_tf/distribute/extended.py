@@ -284,7 +284,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return round_state.saved_when_peer_lost(self._round_state, (
         averaging.peer_errors_explained(
             what, self._cluster.worker_index, self._cluster.num_workers,
-            self._averager.timeout, collectives_only)))
+            self._averager.timeout, collectives_only)),
+        peers=self._book.round_peers)
 
   def keep_round_state(self, model, directory):
     """From now on a lost peer makes this worker save `model` and its

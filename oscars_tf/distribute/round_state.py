@@ -183,9 +183,11 @@ class Keeper:
 
 
 @contextlib.contextmanager
-def saved_when_peer_lost(keeper, explained):
+def saved_when_peer_lost(keeper, explained, peers=None):
   """`explained` (a context raising WorkerLostError on a lost peer), which
-  first saves `keeper`'s round state (None: nothing to save)."""
+  first saves `keeper`'s round state (None: nothing to save). A failed
+  collective's error gets `peers()`, the workers of that collective (for
+  the worker's exit note: exit_notes.py)."""
   try:
     with explained:
       yield
@@ -193,4 +195,7 @@ def saved_when_peer_lost(keeper, explained):
     # Contexts nest (fit's around an epoch end's): save once.
     if keeper is not None and not hasattr(e, "round_state"):
       e.round_state = keeper.save()
+    if (peers is not None and getattr(e, "in_collective", False) and
+        not hasattr(e, "peers")):
+      e.peers = peers()
     raise

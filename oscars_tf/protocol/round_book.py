@@ -94,6 +94,7 @@ class RoundBook:
     self._rate_before = math.nan  # the meter before this round's sample
     self._poisoned = []   # workers with non-finite weights this round
     self._sharded = False  # this round's global sync went shard by shard
+    self._peers = None  # whom this round's collectives meet (round_peers)
     self.last_sync_step = 0  # local step of the last average (Python's)
     self._last_divergence = math.nan
     self._last_sync_cost = math.nan  # arrival to averaged, last round
@@ -232,8 +233,15 @@ class RoundBook:
         self.group_keys, rows.reshape(-1), bool(decision.newcomers),
         self._max_leaders, layout)
     self._sharded = part.is_global and part.sharded
+    # Whom this round's collectives meet (a global sync: every member).
+    self._peers = (self.members if part.is_global else
+                   self.plan.group_of(self.me))
     self._first_meeting = self._collectives.first_meeting(part)
     return part
+
+  def round_peers(self):
+    """The workers of this worker's collectives in the current round."""
+    return tuple(self.members if self._peers is None else self._peers)
 
   def _adopt(self, decision):
     """A rejoining worker takes the cluster's round, epoch accounting and

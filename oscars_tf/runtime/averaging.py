@@ -381,13 +381,16 @@ def _raise_explained(e, what, worker, num_workers, timeout, collectives_only):
   if collectives_only and "Collective" not in str(e):
     raise e
   if isinstance(e, tf.errors.DeadlineExceededError):
-    raise PeerTimeoutError(
+    lost = PeerTimeoutError(
         f"worker {worker}: not every one of the {num_workers} workers "
         f"reached {what} within {timeout:.0f} s (collective_timeout). A "
         "worker may have died, stalled, or stopped training earlier than "
-        "the others.") from e
-  raise WorkerLostError(
-      f"worker {worker}: a peer is gone at {what} ({type(e).__name__}); a "
-      "worker may have died or stopped training earlier than the others. "
-      "This process's collectives are now aborted: restart the job (from "
-      "a checkpoint; oscars-launch --restarts does this).") from e
+        "the others.")
+  else:
+    lost = WorkerLostError(
+        f"worker {worker}: a peer is gone at {what} ({type(e).__name__}); a "
+        "worker may have died or stopped training earlier than the others. "
+        "This process's collectives are now aborted: restart the job (from "
+        "a checkpoint; oscars-launch --restarts does this).")
+  lost.in_collective = True  # a member of this worker's collective is lost
+  raise lost from e

@@ -12,13 +12,16 @@ chief is done. Imports no TensorFlow.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
+from oscars_tf import exit_notes
 from oscars_tf.errors import PEER_LOST_EXIT_CODE, WorkerStartError
 from oscars_tf.tools import job_guard
 
@@ -182,6 +185,8 @@ class Job:
     # `poll` seconds): how far apart a job's workers ended.
     self.exit_times = {}
     self._threads = []
+    # Where workers that exit 75 say which collective failed (exit_notes).
+    self._notes = tempfile.mkdtemp(prefix="oscars-exit-notes-")
     # Two pipes, each pumped by whole lines: a log line on stderr is never
     # glued onto a progress bar's unfinished line on stdout. A capturing
     # `out` without `err` gets both.
@@ -197,6 +202,7 @@ class Job:
         zip(self.tasks, configs)):
       penv = dict(os.environ if env is None else env)
       penv["TF_CONFIG"] = config
+      penv[exit_notes.ENV] = self._notes
       if kind == "worker":
         penv.update((worker_env or {}).get(index, {}))
       preexec = compose(die_with_parent, (task_preexec or {}).get(position))
@@ -254,9 +260,10 @@ class Job:
     than the chief that is killed by a signal (SIGKILL, an OOM kill, a
     crash) is *lost* instead: the others drop it at their next round end and
     go on (see `lost`); so is one that exits with PEER_LOST_EXIT_CODE (a
-    lost peer, e.g. its link was cut) unless a worker died by a signal: it
-    then lost that peer inside a collective and ends the job, to be
-    restarted (see `lost_a_peer`). A worker that exits
+    lost peer, e.g. its link was cut) unless it was in a collective with a
+    worker killed by a signal (its exit note says whom the collective met:
+    exit_notes.py): it then ends the job, to be restarted from the
+    survivors' round states (see `lost_a_peer`). A worker that exits
     with another error code still ends the job, since that is a bug or a
     bad input every worker may share.
     In a ParameterServerStrategy job (`servers`), the job is done when the
@@ -284,10 +291,10 @@ class Job:
         # Deaths first: a survivor of the dead worker's collective (75)
         # then ends the job, to be restarted with the chief (lost_a_peer),
         # whether or not the chief was in that collective.
-        died = any(code < 0 for code, _ in self.lost.values())
         if (keep_going and i > 0 and self.tasks[i][0] == "worker" and
             c is not None and i not in self.lost and
-            (c < 0 or (c == PEER_LOST_EXIT_CODE and not died))):
+            (c < 0 or (c == PEER_LOST_EXIT_CODE and
+                       not self._survivor_of_a_death(i)))):
           self.lost[i] = (c, time.monotonic() - t0)
           print(f"oscars-launch: {self.name(i)} {describe_exit(c)}; the "
                 "others go on without it.", file=sys.stderr)
@@ -314,8 +321,19 @@ class Job:
     for t in self._threads:
       t.join(timeout=5)
     if all(p.poll() is not None for p in self.procs):
-      self._guard.done()
+      self._done()
     return [p.poll() for p in self.procs], failed
+
+  def _survivor_of_a_death(self, i):
+    """Whether task `i`'s exit 75 came from a collective with a worker
+    killed by a signal (its note names the collective's members; without
+    a note, assumed so). A 75 of its own, after a death the others
+    dropped cleanly, is a lone loss."""
+    dead = {self.tasks[j][1] for j, (c, _) in self.lost.items() if c < 0}
+    if not dead:
+      return False
+    peers = exit_notes.read(self._notes, self.tasks[i][1])
+    return peers is None or bool(dead.intersection(peers))
 
   def lost_a_peer(self, failed):
     """Whether the job ended only because a peer was lost inside a
@@ -347,8 +365,13 @@ class Job:
       _signal_group(p, signal.SIGKILL)
       p.wait()
     self.killed = sorted(set(self.killed) | set(late))
-    self._guard.done()
+    self._done()
     return late
+
+  def _done(self):
+    """Every task has ended: the guard and the notes go."""
+    self._guard.done()
+    shutil.rmtree(self._notes, ignore_errors=True)
 
 
 def _signal_group(proc, sig):
