@@ -133,14 +133,18 @@ def define_flags(flag_values=FLAGS):
                     "workers then have no network (data sets that download "
                     "need --network=host). host: the machine's network. "
                     "auto: isolated where the machine allows it, else host "
-                    "with a warning. Only with a loopback --host. "
+                    "with a warning. isolated and auto need a loopback "
+                    "--host (127.x, or a name such as localhost that "
+                    "resolves there): with another, isolated refuses and "
+                    "auto runs on the machine's network with a warning. "
                     "emulated: EMULATED links: each worker in a network "
                     "namespace of its own, at its own address on a veth "
                     "link to a bridge that reaches nothing else (as private "
                     "as isolated), shaped to --bandwidth; --host does not "
                     "apply. Needs root and iproute2 (ip, tc).", **fv)
   flags.DEFINE_string("host", "127.0.0.1",
-                      "Address the workers bind. The cluster's gRPC has no "
+                      "Address the workers bind: IPv4, or a name that "
+                      "resolves to it. The cluster's gRPC has no "
                       "authentication: use loopback or a private network.",
                       **fv)
   flags.DEFINE_string("bandwidth", "",
@@ -209,8 +213,15 @@ def _isolate(argv):
   if os.environ.get(netns.ENV):
     netns.bring_up_loopback()
     return
-  if (FLAGS.network in ("host", "emulated") or
-      not FLAGS.host.startswith("127.")):
+  if FLAGS.network == "emulated":  # --host does not apply
+    return
+  try:
+    isolate, warning = netns.where_to_run(FLAGS.network, FLAGS.host)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  if warning:
+    print(f"oscars-launch: WARNING: {warning}", file=sys.stderr)
+  if not isolate:
     return
   prefix = netns.unshare_command()
   if prefix is None:
@@ -227,6 +238,16 @@ def _isolate(argv):
   os.environ[netns.ENV] = "1"
   os.execv(prefix[0], prefix + [sys.executable, "-m", "oscars_tf.launch"] +
            argv[1:])
+
+
+def _check_host_listens():
+  """A usage error where the workers could not listen on --host, rather
+  than a traceback from the job."""
+  if FLAGS.network != "emulated":
+    try:
+      netns.check_listens(FLAGS.host)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
 
 
 def _worker_env():
@@ -264,6 +285,7 @@ def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
   coordinator = _coordinator_command()
   _isolate(sys.argv)
+  _check_host_listens()
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
   restarts = lost_peer_restarts = 0

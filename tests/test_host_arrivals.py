@@ -12,8 +12,11 @@ import glob
 import math
 import os
 import pathlib
+import stat
 import time
+import uuid
 
+import pytest
 from fake_store import FakeStore, run_threads
 
 from oscars_tf.protocol import host_arrivals
@@ -106,10 +109,13 @@ def test_the_chief_reads_one_key_per_other_host(tmp_path):
   assert ws[0].arrivals.rows_gathered == 2 * 3  # workers 1 and 2, 3 rounds
   assert ws[3].arrivals.rows_gathered == ws[6].arrivals.rows_gathered == 6
   assert [w.arrivals.posts_saved for w in ws] == [0, 3, 3, 0, 3, 3, 0, 3, 3]
-  for w in ws:
+  for w in ws[::3]:  # the leaders remove their rows and acknowledgements
     w.finish(3)
-  assert not [p for p in tmp_path.iterdir()
+  assert not [p for p in tmp_path.glob("*/*")
               if "-a-" in p.name or p.name.endswith("-k")]
+  for w in ws:  # and the last of each host to finish, its directory
+    w.finish(3)
+  assert not list(tmp_path.iterdir())
 
 
 def test_a_gone_leaders_host_is_read_member_by_member(tmp_path):
@@ -182,7 +188,7 @@ def test_without_a_shared_file_system_leaders_stop_looking(tmp_path):
   assert not ws[4].arrivals.waits_for_acks
   # Each member removes its own unread rows: two rounds at most are left.
   for j in (1, 4):
-    left = [p.name for p in (tmp_path / str(j)).iterdir() if "-a-" in p.name]
+    left = [p.name for p in (tmp_path / str(j)).glob("*/*-a-*")]
     assert len(left) <= 2, left
 
 
@@ -251,3 +257,42 @@ def test_a_leader_removes_its_hosts_late_rows_without_listing_the_directory(
     monkeypatch.setattr(module, name, no_listing)
   d = _round(ws, 4, who=range(8))
   assert d.dropped == (8,) and not late.exists()
+
+
+def _arrivals(directory, me, token):
+  relay = host_relay.HostRelay(HOSTS, me, str(directory))
+  relay.bind(token)
+  return host_arrivals.HostArrivals(relay, gather_s=0.5, ack_wait_s=0.5)
+
+
+def test_rows_and_acknowledgements_are_private_to_the_jobs_user(tmp_path):
+  """Issue 43, item 10: 0600 files in a 0700 directory of the job's."""
+  token = uuid.uuid4().hex
+  leader, member = _arrivals(tmp_path, 0, token), _arrivals(tmp_path, 1, token)
+  assert member.write(1, "row")
+  row = member._path(1, 1)  # pylint: disable=protected-access
+  assert leader.gather(1, [0, 1]) == {1: "row"}
+  leader.acknowledge(1, [1])
+  ack = leader._ack_path(1)  # pylint: disable=protected-access
+  assert os.path.dirname(row) != str(tmp_path)
+  assert [stat.S_IMODE(os.stat(p).st_mode)
+          for p in (os.path.dirname(row), ack)] == [0o700, 0o600]
+  member.write(2, "row")
+  assert stat.S_IMODE(os.stat(member._path(2, 1)).st_mode) == 0o600  # pylint: disable=protected-access
+
+
+def test_a_row_another_user_wrote_is_not_gathered(tmp_path, caplog):
+  """A forged row of worker 2 in the job's directory (only root could put
+  it there: the directory is the job's user's alone). Before: the leader
+  gathered it, and the chief took worker 2 as arrived."""
+  if os.geteuid() != 0:
+    pytest.skip("giving a file to another user needs root")
+  token = uuid.uuid4().hex
+  leader, member = _arrivals(tmp_path, 0, token), _arrivals(tmp_path, 1, token)
+  assert member.write(1, "row")
+  forged = leader._path(1, 2)  # pylint: disable=protected-access
+  with open(forged, "w", encoding="ascii") as f:
+    f.write("forged")
+  os.chown(forged, 65534, -1)
+  assert 2 not in leader.gather(1, [0, 1, 2])
+  assert "owned by uid 65534" in caplog.text

@@ -8,8 +8,11 @@ pytest tmp_path (two "hosts" may share one, as on one machine)."""
 
 import math
 import os
+import stat
 import time
+import uuid
 
+import pytest
 from fake_store import FakeStore, run_threads
 
 from oscars_tf.protocol import host_relay
@@ -74,11 +77,12 @@ def test_only_one_member_per_host_reads_the_changes_from_the_chief(tmp_path):
   # host 2; workers 1 and 3 read files.
   assert {w for w, _ in store.changes_read} == {2}
   assert len(store.changes_read) == 4
-  # The leaders leave only the last round's files.
+  # The leaders leave only the last round's files (and that they are
+  # done with them: test_the_job_directory_goes_with_the_last_worker...).
   ws[0].finish(3)
   ws[2].finish(3)
-  assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.iterdir()) == [
-      "3", "3"]
+  assert sorted(p.name for p in tmp_path.glob("*/*")) == [
+      "3", "3", "done-0", "done-2"]
 
 
 def test_a_host_whose_leader_is_gone_reads_the_chiefs(tmp_path):
@@ -150,3 +154,98 @@ def test_files_left_by_jobs_long_gone_are_swept(tmp_path):
   relay.bind("new")
   relay.write(0, "text")
   assert not stale.exists() and fresh.exists()
+
+
+# Issue 43, item 10: the host's files are the job's user's alone, and what
+# another user could have written is not trusted.
+
+OTHER_UID = 65534  # nobody
+
+
+def _needs_root():
+  if os.geteuid() != 0:
+    pytest.skip("giving a file to another user needs root")
+
+
+def _bound(directory, me, token):
+  relay = host_relay.HostRelay(HOSTS, me, str(directory))
+  relay.bind(token)
+  return relay
+
+
+def _mode(path):
+  return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_host_files_are_private_to_the_jobs_user(tmp_path):
+  leader = _bound(tmp_path, 0, uuid.uuid4().hex)
+  leader.write(1, "changes")
+  path = leader.path(1)
+  directory = os.path.dirname(path)
+  assert directory != str(tmp_path)  # the job's own directory
+  assert (_mode(directory), _mode(path)) == (0o700, 0o600)
+  assert os.stat(path).st_uid == os.stat(directory).st_uid == os.geteuid()
+
+
+def test_a_file_another_user_wrote_is_not_trusted(tmp_path, caplog):
+  """Before: the member read the forged decision of round 1."""
+  _needs_root()
+  token = uuid.uuid4().hex
+  leader, member = _bound(tmp_path, 0, token), _bound(tmp_path, 1, token)
+  leader.write(0, "changes")
+  forged = leader.path(1)
+  with open(forged, "w", encoding="ascii") as f:
+    f.write("forged")
+  os.chown(forged, OTHER_UID, -1)
+  assert member.wait(1, time.monotonic() + 5, lambda: True) is None
+  assert f"owned by uid {OTHER_UID}" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["another user's", "open to others"])
+def test_a_job_directory_made_by_someone_else_is_refused(tmp_path, caplog,
+                                                         how):
+  """Before: the leader wrote its decision into it, the member read it."""
+  token = uuid.uuid4().hex
+  leader, member = _bound(tmp_path, 0, token), _bound(tmp_path, 1, token)
+  directory = os.path.dirname(leader.path(0))
+  os.makedirs(directory, exist_ok=True)
+  if how == "another user's":
+    _needs_root()
+    os.chown(directory, OTHER_UID, -1)
+    says = f"owned by uid {OTHER_UID}"
+  else:
+    os.chmod(directory, 0o777)
+    says = "mode 0777"
+  leader.write(0, "changes")
+  assert leader.files_written == 0
+  assert member.wait(0, time.monotonic() + 5, lambda: True) is None
+  assert says in caplog.text and "reads the chief's" in caplog.text
+
+
+def test_the_job_directory_goes_with_the_last_worker_to_finish(tmp_path):
+  """Before: each host's last decision file was left behind (for a later
+  job's sweep, an hour on)."""
+  store = CountingStore()
+  ws = _job(store, [str(tmp_path)] * 4, grace_s=5.0)
+  for r in range(3):
+    _round(store, ws, r)
+  for w in ws:
+    w.finish(2)
+  assert not list(tmp_path.iterdir())
+
+
+def test_job_directories_left_long_ago_are_swept_if_the_users_own(tmp_path):
+  """A directory of a job that died before its end goes an hour on; one
+  of another user's is not this job's to remove."""
+  stale, fresh, others = (tmp_path / f"oscars_tf-{name}-10.0.0.1"
+                          for name in ("gone", "running", "others"))
+  for directory in (stale, fresh, others):
+    directory.mkdir(mode=0o700)
+    (directory / "7").write_text("x")
+  os.utime(stale, (1, 1))
+  os.utime(others, (1, 1))
+  if os.geteuid() == 0:
+    os.chown(others, OTHER_UID, -1)
+  _bound(tmp_path, 0, "new").write(0, "text")
+  assert not stale.exists() and fresh.exists()
+  assert others.exists() or os.geteuid() != 0

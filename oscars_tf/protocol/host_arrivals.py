@@ -21,9 +21,10 @@ own key, which the chief reads. The leader acknowledges only after its
 post returned, and the chief its own host's rows once it holds them. A
 worker that found none of its host's files (a leader: rows; a member:
 acknowledgements) MISSES_TO_STOP rounds in a row (no shared file system)
-stops using them. The files carry the job's incarnation (host_relay's
-token); a leader removes the rows it read, and its acknowledgements two
-rounds on or at the end.
+stops using them. The files are in the host's directory of the job's
+incarnation (host_relay's), its user's alone: a file or directory another
+user could have written stops their use (host_files.py). A leader removes
+the rows it read, and its acknowledgements two rounds on or at the end.
 No TensorFlow.
 """
 
@@ -98,10 +99,10 @@ class HostArrivals:
 
   def active(self, round_):
     """Whether files are used in `round_`: the job's token is known (from
-    round 1 on a member; round 0 is every worker's start) and files were
-    found."""
+    round 1 on a member; round 0 is every worker's start), files were
+    found and none was untrusted."""
     return (not self.stopped and self.relay.token is not None and
-            round_ > 0)
+            self.relay.refused is None and round_ > 0)
 
   def _path(self, round_, worker):
     return f"{self.relay.path(round_)}-a-{worker}"
@@ -114,8 +115,7 @@ class HostArrivals:
     whether it was written."""
     if not self.active(round_):
       return False
-    path = self._path(round_, self.relay.me)
-    written = _write_atomically(path, text)
+    written = self._write(self._path(round_, self.relay.me), text)
     # Its row of two rounds back if no leader took it (none, or no shared
     # file system): nothing is left behind.
     host_relay.remove_file(self._path(round_ - 2, self.relay.me))
@@ -126,8 +126,8 @@ class HostArrivals:
     host's): tells `workers` they need not post theirs. Written also when
     it names none, so that late members post at once."""
     if self.active(round_):
-      _write_atomically(self._ack_path(round_),
-                        ",".join(str(j) for j in sorted(workers)))
+      self._write(self._ack_path(round_),
+                  ",".join(str(j) for j in sorted(workers)))
       host_relay.remove_file(self._ack_path(round_ - 2))
 
   def acknowledged(self, round_):
@@ -140,13 +140,12 @@ class HostArrivals:
     deadline = time.monotonic() + self.ack_wait_s
     pause = host_relay.FILE_POLL_S[0]
     while True:
-      try:
-        with open(path, encoding="ascii") as f:
-          names = f.read().split(",")
+      text = self.relay.read_file(path)
+      if text is not None:
         self.ack_misses.tally(True, self.relay)
-        return me in names
-      except FileNotFoundError:
-        pass
+        return me in text.split(",")
+      if self.relay.refused is not None:
+        return False
       if time.monotonic() >= deadline:
         self._unacknowledged = round_
         return False
@@ -183,11 +182,11 @@ class HostArrivals:
     while True:
       for j in mates:
         if j not in rows:
-          try:
-            with open(self._path(round_, j), encoding="ascii") as f:
-              rows[j] = f.read()
-          except FileNotFoundError:
-            pass
+          text = self.relay.read_file(self._path(round_, j))
+          if text is not None:
+            rows[j] = text
+      if self.relay.refused is not None:
+        return {}  # its mates post their own rows
       if len(rows) == len(mates) or time.monotonic() >= deadline:
         break
       time.sleep(pause)
@@ -263,6 +262,13 @@ class HostArrivals:
     for r in (round_ - 1, round_):
       host_relay.remove_file(self._ack_path(r))
 
+  def _write(self, path, text):
+    """One of the host's files (host_relay's); whether written."""
+    try:
+      return self.relay.write_file(path, text)
+    except OSError:
+      return False  # the member's own key is read instead
+
   def _count(self, found):
     self.rows_gathered += found
     if self.misses.tally(found, self.relay):
@@ -288,13 +294,3 @@ class _RoundsWithout:
         "host's workers share %s?).", relay.me, self.what, self.count,
         self.instead, relay.directory)
     return True
-
-
-def _write_atomically(path, text):
-  try:
-    with open(f"{path}.tmp", "w", encoding="ascii") as f:
-      f.write(text)
-    os.replace(f"{path}.tmp", path)
-    return True
-  except OSError:
-    return False  # the member's own key is read instead

@@ -17,21 +17,26 @@ it reads the decision from the chief, as without a relay (a leader that
 died or stalled, a host whose workers do not share a file system). After
 MISSES_TO_STOP such rounds in a row it stops waiting for files. What it
 reads from a file is checked as what it reads from the chief is (the
-snapshot's digest), and files are named by the job's incarnation (a token
-the chief writes to the store), so a restarted job never reads an old one.
-A leader deletes its host's older files as it goes, and at the end all but
-the last, which the host's other members may still be reading; the first
-write of a job removes files left more than STALE_S ago.
+snapshot's digest), and the host's files are in a directory named by the
+job's incarnation (a token the chief writes to the store), so a restarted
+job never reads an old one. The directory and its files are the job's
+user's alone (host_files.py): one another user made, or could have
+written, stops the relay. A leader deletes its host's older files as it
+goes, and at the end all but the last, which the host's other members may
+still be reading; the last of the host's members to finish removes the
+directory, and the first write of a job removes what earlier jobs left
+more than STALE_S ago (a worker that died before the end leaves it).
 No TensorFlow.
 """
 
-import glob
 import os
 import tempfile
 import time
 import uuid
 
 from absl import logging
+
+from oscars_tf.protocol import host_files
 
 # A member looks for the round's file after 1 ms, then ever less often, up
 # to every 10 ms: a round's wait for stragglers can take seconds.
@@ -64,6 +69,9 @@ class HostRelay:
     self.directory = directory or shared_directory()
     self.grace_s = grace_s
     self.token = None      # the job's incarnation (bind)
+    self.job_directory = None  # the host's files, the job's user's alone
+    self._directory_checked = False
+    self.refused = None    # why the host's files are not used, if so
     self.misses = 0
     self.stopped = False
     self._swept = False
@@ -78,6 +86,9 @@ class HostRelay:
 
   def bind(self, token):
     self.token = token
+    host = self.hosts[self.me].replace(":", "_").replace("/", "_")
+    self.job_directory = os.path.join(self.directory,
+                                      f"oscars_tf-{token}-{host}")
 
   def leads(self, members):
     """Whether this worker is its host's leader among `members`."""
@@ -88,9 +99,7 @@ class HostRelay:
   def path(self, round_):
     """The host's file of round `round_` (its prefix for the arrival
     files, host_arrivals.py)."""
-    host = self.hosts[self.me].replace(":", "_").replace("/", "_")
-    return os.path.join(self.directory,
-                        f"oscars_tf-{self.token}-{host}-{round_}")
+    return os.path.join(self.job_directory, str(round_))
 
   def write(self, round_, text):
     """The leader: round `round_`'s decision for the host (atomically)."""
@@ -98,19 +107,65 @@ class HostRelay:
       return
     if not self._swept:
       self._swept = True
-      _remove_older_than(os.path.join(self.directory, "oscars_tf-*"),
-                         time.time() - STALE_S)
-    path = self.path(round_)
+      host_files.remove_older_than(
+          os.path.join(self.directory, "oscars_tf-*"), time.time() - STALE_S)
     try:
-      with open(f"{path}.{self.me}.tmp", "w", encoding="ascii") as f:
-        f.write(text)
-      os.replace(f"{path}.{self.me}.tmp", path)
-      self.files_written += 1
-      remove_file(self.path(round_ - KEEP_ROUNDS))
+      if self.write_file(self.path(round_), text):
+        self.files_written += 1
+        remove_file(self.path(round_ - KEEP_ROUNDS))
     except OSError as e:  # a full or read-only file system: no relay
       logging.warning("oscars_tf: worker %d cannot write the host's "
                       "decision file (%s); the host's workers read the "
                       "chief's.", self.me, e)
+
+  def write_file(self, path, text):
+    """One of the host's files, 0600, atomically; whether written (not
+    where the job's directory is refused). OSError where the file system
+    refuses."""
+    if not self._directory_usable(create=True):
+      return False
+    host_files.write(path, text, f"{path}.{self.me}.tmp")
+    return True
+
+  def read_file(self, path):
+    """The text of one of the host's files, or None: not there (yet), or
+    not to be trusted (then the relay stops, saying why)."""
+    if not self._directory_usable(create=False):
+      return None
+    try:
+      return host_files.read(path)
+    except FileNotFoundError:
+      return None
+    except host_files.Untrusted as e:
+      self._refuse(e)
+      return None
+
+  def _directory_usable(self, create):
+    """Whether the job's directory is there (made if `create`) and its
+    user's alone; checked once."""
+    if self.refused is not None:
+      return False
+    if not self._directory_checked:
+      try:
+        if create:
+          host_files.make_directory(self.job_directory)
+        else:
+          host_files.check_directory(self.job_directory)
+      except FileNotFoundError:
+        return False
+      except host_files.Untrusted as e:
+        self._refuse(e)
+        return False
+      self._directory_checked = True
+    return True
+
+  def _refuse(self, why):
+    self.refused = str(why)
+    self.stopped = True
+    logging.warning(
+        "oscars_tf: worker %d does not trust its host's files (%s); it "
+        "reads the chief's decision and posts its own row from now on.",
+        self.me, why)
 
   def wait(self, round_, deadline, published):
     """A member that does not lead: the decision text of `round_` from the
@@ -127,14 +182,13 @@ class HostRelay:
     out_since, asked, every = None, time.monotonic(), POLL_S
     pause = FILE_POLL_S[0]
     while time.monotonic() < deadline:
-      try:
-        with open(path, encoding="ascii") as f:
-          text = f.read()
+      text = self.read_file(path)
+      if text is not None:
         self.misses = 0
         self.files_read += 1
         return text
-      except FileNotFoundError:
-        pass
+      if self.refused is not None:
+        return None
       now = time.monotonic()
       if out_since is None and now - asked >= every:
         asked, every = now, min(2 * every, POLL_MAX_S)
@@ -164,14 +218,20 @@ class HostRelay:
       for r in range(last_round - KEEP_ROUNDS, last_round):
         remove_file(self.path(r))
 
-
-def _remove_older_than(pattern, when):
-  for path in glob.glob(pattern):
+  def leave(self, members):
+    """Every worker at the end of training: says it is done with the
+    host's files; the last of the host's `members` to say so removes the
+    job's directory (each says so before it looks, so the last sees all)."""
+    if self.token is None or not self._directory_usable(create=False):
+      return
+    done = lambda j: os.path.join(self.job_directory, f"done-{j}")  # pylint: disable=unnecessary-lambda-assignment
     try:
-      if os.path.getmtime(path) < when:
-        os.remove(path)
+      self.write_file(done(self.me), "")
     except OSError:
-      pass  # another leader removed it
+      return
+    mine = self.hosts[self.me]
+    if all(os.path.exists(done(j)) for j in members if self.hosts[j] == mine):
+      host_files.remove_directory(self.job_directory)
 
 
 def remove_file(path):

@@ -146,13 +146,16 @@ class Membership:
 
   def finish(self, round_):
     """The chief marks the end of training (dropped workers stop waiting);
-    host leaders remove their decision files."""
+    host leaders remove their decision files, and the last of a host's
+    members to finish the host's directory."""
     if self.me == 0:
       _put(self.store, f"{PREFIX}finished", str(round_))
     if self.relay is not None and self.relay.leads(self.members):
       self.relay.remove_files(round_)
       if self.arrivals is not None:
         self.arrivals.finish(round_)
+    if self.relay is not None:
+      self.relay.leave(self.members)
 
   def say_done(self):
     """A worker other than the chief, at its exit: the chief may go."""

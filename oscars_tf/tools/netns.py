@@ -7,13 +7,16 @@ therefore runs a local job in a network namespace of its own, whose only
 interface is loopback: the listeners exist only there, unreachable from
 outside the machine (and from other jobs on it). The price: the workers
 have no network, so data sets that download need the files in place first,
-or --network=host.
+or --network=host. Only a loopback --host has an address there: isolated
+refuses any other, and auto runs it on the machine's network with a warning
+(where_to_run).
 
 Imports no TensorFlow; needs `unshare` (util-linux) and either root or
 unprivileged user namespaces.
 """
 
 import fcntl
+import ipaddress
 import os
 import shutil
 import socket
@@ -38,6 +41,68 @@ def unshare_command():
   except (OSError, subprocess.TimeoutExpired):
     return None
   return prefix if probe.returncode == 0 else None
+
+
+def where_to_run(network, host):
+  """For --network=`network` (isolated, auto or host) and --host=`host`:
+  (whether the job is to run in a private namespace, a warning line or
+  None). A private namespace has loopback only, so a host that is not
+  loopback is refused by isolated and run on the machine's network by auto,
+  with the warning. ValueError, one line naming the host, for a host the
+  mode cannot use."""
+  try:
+    loopback = is_loopback(host)
+  except ValueError as e:
+    raise ValueError(f"--host={host}: {e}.") from None
+  if network == "host":
+    return False, None
+  if loopback:
+    return True, None
+  if network == "isolated":
+    raise ValueError(
+        f"--network=isolated: --host={host} is not a loopback address, and "
+        "the job's private network namespace has loopback only; use "
+        "--host=127.0.0.1 (or localhost), or --network=host on a private, "
+        "firewalled network.")
+  return False, (
+      f"--host={host} is not a loopback address, so the job runs on this "
+      "machine's network, where TensorFlow's unauthenticated gRPC servers "
+      "listen on all interfaces (0.0.0.0). Firewall the ports, or pass "
+      "--network=host to silence this.")
+
+
+def is_loopback(host):
+  """Whether `host` is this machine's loopback, which a private namespace
+  has too: an address in 127.0.0.0/8, or a name (localhost) that resolves
+  only to such addresses. ValueError for a host no worker could listen on:
+  an IPv6 address (the launcher's ports and TF_CONFIG are IPv4), or a name
+  that does not resolve to IPv4."""
+  try:
+    literal = ipaddress.ip_address(host.strip("[]"))
+  except ValueError:
+    literal = None  # a name
+  if literal is not None and literal.version == 6:
+    raise ValueError("IPv6 addresses are not supported (the workers' ports "
+                     "and TF_CONFIG are IPv4); use --host=127.0.0.1 or "
+                     "localhost")
+  try:
+    found = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+  except (socket.gaierror, UnicodeError) as e:
+    raise ValueError(f"does not resolve to an IPv4 address ({e})") from None
+  return bool(found) and all(
+      ipaddress.ip_address(address[0]).is_loopback for *_, address in found)
+
+
+def check_listens(host):
+  """ValueError, one line, where no worker could listen on `host` (an
+  address of another machine)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+      s.bind((host, 0))
+    except OSError as e:
+      raise ValueError(f"--host={host}: cannot listen there "
+                       f"({e.strerror or e}); give an address of this "
+                       "machine.") from None
 
 
 def bring_up_loopback():
