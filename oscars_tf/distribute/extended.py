@@ -24,8 +24,6 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
-from tensorflow.python.framework import func_graph
-from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf import cluster as cluster_lib
 from oscars_tf.distribute import averaged_variables
@@ -47,16 +45,6 @@ from oscars_tf.runtime import averaging
 from oscars_tf.runtime import multi_worker_roles
 from oscars_tf.distribute.replicas import component_variables as _component_variables
 from oscars_tf.distribute.replicas import is_float as _is_float
-
-
-def _inside_while_loop():
-  """Whether the function being traced runs inside a tf.while_loop."""
-  graph = tf.compat.v1.get_default_graph()
-  while isinstance(graph, func_graph.FuncGraph):
-    if isinstance(graph, control_flow_util_v2.WhileBodyFuncGraph):
-      return True
-    graph = graph.outer_graph
-  return False
 
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
@@ -203,7 +191,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     step = self._rounds.step_ops()
     if not (self._cluster.is_multi_worker or self._local_sgd):
       return
-    if _inside_while_loop():
+    if replicas.inside_while_loop():
       # TensorFlow matches a collective's members by instance key *and* by
       # the while-loop iteration it runs in; inside a loop (Keras'
       # steps_per_execution > 1, a custom loop over tf.range) a fast and a
@@ -248,7 +236,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   # -- averaging ----------------------------------------------------------
 
   def _start_once(self, variables):
-    """Checks that workers agree, then broadcasts worker 0's model.
+    """Checks that workers agree, then broadcasts worker 0's model (and
+    outer optimizer state).
 
     Runs eagerly (lifted out of any function being traced), once per set of
     variables, before the first step executes: every worker starts from the
@@ -278,7 +267,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         if self._outer.optimizer is not None:
           takes_step = outer_lib.takes_outer_step(variables,
                                                   self._averaged.model)
-          self._outer.create(key, takes_step, started)
+          outer = self._outer.create(key, takes_step, started)
+          if self._cluster.is_multi_worker:  # each restored its own
+            handshake.broadcast_from_chief(outer.variables, outer.assign,
+                                           role="shared")
       self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
@@ -384,6 +376,15 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       return {self._cluster.worker_index: [float(x) for x in numbers]}
     return self._agreements.gather(self._book.round, self._book.members,
                                    numbers)
+
+  def exchange(self, name, text):
+    """{worker: text} of every worker, None for one that wrote none in
+    time (eager; every worker calls it at the same point; see
+    agreement.Agreements.exchange)."""
+    if self._agreements is None:
+      return {self._cluster.worker_index: text}
+    return self._agreements.exchange(name, text,
+                                     range(self._cluster.num_workers))
 
   def average_numbers(self, numbers):
     """Mean of a list of floats over the members (see gather_numbers)."""

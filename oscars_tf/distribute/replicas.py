@@ -7,8 +7,20 @@ until the next averaging point (`LocalSGDReplicas`).
 
 import tensorflow as tf
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.framework import func_graph
+from tensorflow.python.ops import control_flow_util_v2
 
 LOCAL_REPLICAS = ("mirrored", "local_sgd")
+
+
+def inside_while_loop():
+  """Whether the function being traced runs inside a tf.while_loop."""
+  graph = tf.compat.v1.get_default_graph()
+  while isinstance(graph, func_graph.FuncGraph):
+    if isinstance(graph, control_flow_util_v2.WhileBodyFuncGraph):
+      return True
+    graph = graph.outer_graph
+  return False
 
 
 def resolve_devices(devices, info):
