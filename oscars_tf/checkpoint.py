@@ -20,6 +20,11 @@ the epoch checkpoint, losing at most the round in flight. Keras cannot
 start mid-epoch: resumed from a round state, training restarts the
 interrupted epoch's data with the mid-epoch model. A round state holds the
 outer optimizer's state too.
+
+Every worker restores from its own view of `directory`: workers that
+resumed different states (directories at different epochs) stop with one
+line naming both (distribute/resumed.py), and at the start of training the
+outer optimizer's state is the chief's, as the model is (startup.py).
 """
 
 import json
@@ -28,6 +33,7 @@ import os
 import numpy as np
 from absl import logging
 
+from oscars_tf.distribute import resumed
 from oscars_tf.distribute import round_state
 from oscars_tf.distribute import saved_files
 
@@ -54,7 +60,7 @@ def save(model, directory, epoch, strategy=None):
   state) as the checkpoint of `epoch`."""
   os.makedirs(directory, exist_ok=True)
   name = _weights_name(epoch)
-  tmp = os.path.join(directory, f".tmp-{os.getpid()}")
+  tmp = saved_files.temp_prefix(directory)
   model.save_weights(tmp + ".weights.h5")
   saved_files.replace(tmp + ".weights.h5", os.path.join(directory, name))
   optimizer = getattr(model, "optimizer", None)
@@ -75,6 +81,7 @@ def save(model, directory, epoch, strategy=None):
         old.endswith(".weights.h5") or old.endswith(".outer.npz")):
       os.remove(os.path.join(directory, old))
   round_state.remove_superseded(directory, int(epoch))
+  saved_files.remove_temps(directory, saved_files.CHECKPOINT)
 
 
 def latest(directory):
@@ -102,13 +109,18 @@ def restore(model, directory, strategy=None):
   given) so that their saved values load too. The outer optimizer's state
   goes to `strategy` (used when its state is created, at the first step).
   An OscarsStrategy keeps its round states in `directory` from now on (see
-  the module docstring).
+  the module docstring), and refuses (WorkerMismatchError) unless every
+  worker resumed the same state (distribute/resumed.py). Temporary files
+  of saves killed midway are removed.
   """
+  if directory:  # nobody saves while the workers restore
+    saved_files.remove_temps(directory, saved_files.EVERY_SAVE)
   keep = getattr(getattr(strategy, "extended", None), "keep_round_state",
                  None)
   if directory and keep is not None:
     keep(model, directory)
   state = newest(directory)
+  resumed.agree(strategy, directory, state)
   if state is None:
     return 0
   optimizer = getattr(model, "optimizer", None)

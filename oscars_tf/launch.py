@@ -215,8 +215,9 @@ def _isolate(argv):
     return
   if FLAGS.network == "emulated":  # --host does not apply
     return
-  try:
+  try:  # a usage error, not a traceback from the job
     isolate, warning = netns.where_to_run(FLAGS.network, FLAGS.host)
+    netns.check_listens(FLAGS.host)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   if warning:
@@ -238,16 +239,6 @@ def _isolate(argv):
   os.environ[netns.ENV] = "1"
   os.execv(prefix[0], prefix + [sys.executable, "-m", "oscars_tf.launch"] +
            argv[1:])
-
-
-def _check_host_listens():
-  """A usage error where the workers could not listen on --host, rather
-  than a traceback from the job."""
-  if FLAGS.network != "emulated":
-    try:
-      netns.check_listens(FLAGS.host)
-    except ValueError as e:
-      raise app.UsageError(str(e)) from None
 
 
 def _worker_env():
@@ -285,7 +276,6 @@ def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
   coordinator = _coordinator_command()
   _isolate(sys.argv)
-  _check_host_listens()
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
   restarts = lost_peer_restarts = 0

@@ -214,6 +214,25 @@ def test_models_that_differ_fail_at_the_first_sync():
     assert "variable count" in out["message"] or "element" in out["message"]
 
 
+def test_workers_resumed_from_directories_at_different_epochs_refuse():
+  # Each worker has its own checkpoint directory, one at epoch 3, one at 5:
+  # the job refuses before a step instead of training a split model.
+  start = time.monotonic()
+  result = multiworker.run("fit", 2, {"resume_epochs": [3, 5], "epochs": 6,
+                                      "timeout": 30},
+                           expect_success=False, kill_on_failure=False)
+  assert time.monotonic() - start < 90
+  assert all(c not in (0, None) for c in result.codes), result.tail()
+  directory = os.path.join(result.outdir, "checkpoint-of-worker-{}")
+  line = (f"worker 1 resumed from {directory.format(1)}/epoch-5.weights.h5 "
+          f"(epoch 5, optimizer step 0) but worker 0 from "
+          f"{directory.format(0)}/epoch-3.weights.h5 (epoch 3, optimizer "
+          "step 0): give every worker the same checkpoint directory")
+  for out in result.outputs:
+    assert out["error"] == "WorkerMismatchError", out
+    assert line in out["message"] and "\n" not in out["message"], out
+
+
 def test_a_worker_that_fails_is_dropped_and_the_others_finish():
   start = time.monotonic()
   result = multiworker.run("fit", 2, {"fail_at_epoch": [1, 1], "timeout": 8,

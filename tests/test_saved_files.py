@@ -112,3 +112,43 @@ def test_a_checkpoint_naming_a_file_elsewhere_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("name", ["epoch-3.weights.h5", "round-w1.json"])
 def test_plain_names_are_kept(name):
   assert saved_files.plain_name(name, "x.json") == name
+
+
+# Temporary files of a save killed midway (a survivor killed while saving
+# its round state, the chief while saving a checkpoint), and files that are
+# not the job's temporary files and must stay.
+_ROUND_W1_TEMPS = {".tmp-round-w1-4242.weights.h5", ".tmp-round-w1-4242.npz",
+                   ".tmp-round-w1-4242.json"}
+_ROUND_W2_TEMP = ".tmp-round-w2-4244.weights.h5"
+_CHECKPOINT_TEMPS = {".tmp-4243.weights.h5", ".tmp-4243.npz",
+                     ".tmp-4243.json"}
+_NOT_TEMPS = {"notes.txt", ".tmp-mine", ".tmp-round-w1-x.json",
+              "a.tmp-4243.json", ".tmp-4243.weights.h5.bak"}
+
+
+def _write_files(directory, names):
+  for name in names:
+    (directory / name).write_text("left by a killed save")
+
+
+def test_a_save_removes_its_own_kind_of_temporary_files_left_by_a_killed_one(
+    tmp_path):
+  _write_files(tmp_path, _ROUND_W1_TEMPS | _CHECKPOINT_TEMPS | _NOT_TEMPS |
+               {_ROUND_W2_TEMP})
+  round_state.save(_Model(), str(tmp_path),
+                   {"worker": 1, "epoch": 0, "optimizer_step": 5})
+  # Worker 1's own; not worker 2's nor the chief's, which may be saving now.
+  assert set(os.listdir(tmp_path)) == (
+      _CHECKPOINT_TEMPS | _NOT_TEMPS | {_ROUND_W2_TEMP, "round-w1.json",
+                                        "round-w1-step5.weights.h5"})
+  checkpoint.save(_Model(), str(tmp_path), 1)
+  assert set(os.listdir(tmp_path)) == _NOT_TEMPS | {
+      _ROUND_W2_TEMP, "epoch-1.weights.h5", "last.json"}
+
+
+def test_a_restore_removes_every_temporary_file_of_the_job(tmp_path):
+  # Nobody saves while the workers restore: every temporary file is stale.
+  _write_files(tmp_path, _ROUND_W1_TEMPS | _CHECKPOINT_TEMPS | _NOT_TEMPS |
+               {_ROUND_W2_TEMP})
+  assert checkpoint.restore(_Model(), str(tmp_path)) == 0
+  assert set(os.listdir(tmp_path)) == _NOT_TEMPS

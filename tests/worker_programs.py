@@ -120,6 +120,19 @@ def _die_mid_round(strategy, params):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _resume(params, strategy, model):
+  """Restores `model` from this worker's own directory, where an earlier
+  run's chief saved epoch `params["resume_epochs"][index]` (saved here
+  first); returns the epoch to resume at."""
+  from oscars_tf import checkpoint  # pylint: disable=g-import-not-at-top
+  me = strategy.worker_index
+  directory = os.path.join(params["outdir"], f"checkpoint-of-worker-{me}")
+  with strategy.scope():
+    model.optimizer.build(model.trainable_variables)
+  checkpoint.save(model, directory, params["resume_epochs"][me])
+  return checkpoint.restore(model, directory, strategy)
+
+
 def fit(params):
   strategy = _setup(params)
   import keras  # pylint: disable=g-import-not-at-top
@@ -200,7 +213,10 @@ def fit(params):
         512, seed=me).batch(32).repeat()
     fit_y, fit_kwargs = None, {"steps_per_epoch": params["dataset_steps"]}
   try:
+    initial_epoch = (_resume(params, strategy, model)
+                     if params.get("resume_epochs") else 0)
     history = model.fit(fit_x, fit_y, epochs=params.get("epochs", 3),
+                        initial_epoch=initial_epoch,
                         callbacks=callbacks, **fit_kwargs,
                         validation_data=(xt, yt) if params.get("validate")
                         else None, shuffle=params.get("shuffle", True),

@@ -25,8 +25,8 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
 
-from oscars_tf import cluster as cluster_lib
 from oscars_tf.distribute import averaged_variables
+from oscars_tf.distribute import control_plane
 from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import inputs
 from oscars_tf.distribute import outer as outer_lib
@@ -37,12 +37,8 @@ from oscars_tf.distribute import startup
 from oscars_tf.observability import summaries
 from oscars_tf.protocol import agreement
 from oscars_tf.protocol import group_keys
-from oscars_tf.protocol import host_relay
-from oscars_tf.protocol import kv_store
-from oscars_tf.protocol import membership as membership_lib
 from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
-from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import multi_worker_roles
 from oscars_tf.runtime import py_function_errors
 from oscars_tf.distribute.replicas import component_variables as _component_variables
@@ -85,29 +81,17 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         group_key=group_keys.GROUP_KEY_BASE,  # the whole cluster
         device=averaging_device, communication=self._communication,
         timeout=collective_timeout)
-    # The chief reads each round's arrivals in directory reads (over gRPC).
-    service = info.service_address if info.rpc_layer == "grpc" else None
-    store = kv_store.ContextStore(service) if info.is_multi_worker else None
-    addresses = [a for _, _, a in info.workers]
-    is_gone = lambda j: cluster_lib.connection_refused(addresses[j])  # pylint: disable=unnecessary-lambda-assignment
-    relay = host_relay.HostRelay(hosts, info.worker_index) if (
-        host_relay.HostRelay.wanted(hosts)) else None
+    plane = control_plane.connect(info, hosts, straggler_timeout,
+                                  collective_timeout)
     self._book = round_book.RoundBook(
         info, schedule, learning_rate_fn=self._averaged.learning_rate,
-        simulate=simulate, membership=membership_lib.Membership(
-            store, info.worker_index,
-            info.num_workers, straggler_timeout, collective_timeout,
-            is_gone=is_gone, relay=relay,
-            asked_to_rejoin=fault_injection.at_rejoin_request)
-        if info.is_multi_worker else None)
+        simulate=simulate, membership=plane.membership)
     self.round_logs = summaries.RoundLogging(info, self._book)
     self._rounds = rounds_lib.Rounds(
         self._book, self._host, averaging_device, self._communication,
         collective_timeout, per_group_nccl=per_group_nccl,
         averaging_dtype=self._averaging_dtype)
-    self._agreements = agreement.Agreements(
-        store, info.worker_index, straggler_timeout, collective_timeout,
-        is_gone=is_gone) if info.is_multi_worker else None
+    self._agreements = plane.agreements
     self._update_log = []         # stack of variables updated per traced call
     self._started_sets = set()    # variable sets already checked+broadcast
     self._round_state = None      # round_state.Keeper: saves on a lost peer
@@ -240,7 +224,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   # -- averaging ----------------------------------------------------------
 
   def _start_once(self, variables):
-    """Checks that workers agree, then broadcasts worker 0's model.
+    """Checks that workers agree, then broadcasts worker 0's model (and
+    outer state).
 
     Runs eagerly (lifted out of any function being traced), once per set of
     variables, before the first step executes: every worker starts from the
@@ -270,7 +255,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         if self._outer.optimizer is not None:
           takes_step = outer_lib.takes_outer_step(variables,
                                                   self._averaged.model)
-          self._outer.create(key, takes_step, started)
+          outer = self._outer.create(key, takes_step, started)
+          if self._cluster.is_multi_worker:  # each restored its own
+            handshake.broadcast_from_chief(outer.variables, outer.assign,
+                                           role="shared")
       self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
@@ -343,10 +331,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def sync_now(self):
     """Ends the round now (eager). Every worker must call it together."""
-    if not self.needs_sync():
-      return False
-    self.average_now()
-    return True
+    needed = self.needs_sync()
+    if needed:
+      self.average_now()
+    return needed
 
   def average_now(self):
     """Ends the round now, whatever the plan said (eager)."""
@@ -378,11 +366,18 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return self._agreements.gather(self._book.round, self._book.members,
                                    numbers)
 
+  def exchange(self, name, text):
+    """{worker: text} of every worker (eager, all at the same point; see
+    agreement.Agreements.exchange)."""
+    if self._agreements is None:
+      return {self._cluster.worker_index: text}
+    return self._agreements.exchange(name, text,
+                                     range(self._cluster.num_workers))
+
   def average_numbers(self, numbers):
     """Mean of a list of floats over the members (see gather_numbers)."""
-    if not numbers:
-      return []
-    return agreement.mean(self.gather_numbers(numbers), len(numbers))
+    return agreement.mean(self.gather_numbers(numbers), len(numbers)) if (
+        numbers) else []
 
   def stats(self):
     r = self._rounds

@@ -14,7 +14,8 @@ Three rules keep that state sound:
   every member then takes the same outer step.
 * It is part of a checkpoint (`checkpoint.save(..., strategy=)`); restored
   before the state exists (it is created at the first step), it waits and is
-  used when it is.
+  used when it is; each worker restores its own, so the chief's is then
+  broadcast to all (extended.py, as the initial model is).
 """
 
 import numpy as np
@@ -60,6 +61,11 @@ class OuterState:
     """What a rejoining worker must take from the others."""
     return self.starts + self.momenta
 
+  def assign(self, values):
+    """Assigns `values` to `variables` (eager), e.g. the chief's."""
+    for v, value in zip(self.variables, values):
+      v.assign(value)
+
   def step(self, averaged):
     """`averaged` with its trainable variables moved by the outer step."""
     o = self._optimizer
@@ -98,11 +104,13 @@ class OuterStates:
     self._saved = []
 
   def create(self, key, trainable, values):
-    """The state of the set `key`, from a restored checkpoint if one is
-    waiting for it, else starting at `values` with zero momentum."""
+    """Creates and returns the state of the set `key`, from a restored
+    checkpoint if one is waiting for it, else starting at `values` with
+    zero momentum."""
     position = len(self._states)
     saved = self._saved[position] if position < len(self._saved) else None
     self._states[key] = OuterState(self.optimizer, trainable, values, saved)
+    return self._states[key]
 
   def get(self, key):
     return self._states.get(key)

@@ -50,7 +50,7 @@ def save(model, directory, position, outer=None):
   worker, step = int(position["worker"]), int(position["optimizer_step"])
   os.makedirs(directory, exist_ok=True)
   name = f"round-w{worker}-step{step}.weights.h5"
-  tmp = os.path.join(directory, f".tmp-round-w{worker}-{os.getpid()}")
+  tmp = saved_files.temp_prefix(directory, worker)
   model.save_weights(tmp + ".weights.h5")
   saved_files.replace(tmp + ".weights.h5", os.path.join(directory, name))
   state = dict(position, weights=name)
@@ -67,6 +67,7 @@ def save(model, directory, position, outer=None):
   for old in os.listdir(directory):  # this worker's superseded weights
     if old.startswith(prefix) and old not in (name, state.get("outer")):
       _remove(directory, old)
+  saved_files.remove_temps(directory, worker)  # a killed save's
   return state
 
 

@@ -12,15 +12,55 @@ The names inside a JSON file are read back as plain file names in its
 directory: an absolute path or one with a directory part (`../x`) would
 make a restore read, or the next save delete, a file elsewhere (as root
 when the launcher runs with --cpu_limit or an emulated network).
+
+A save killed midway leaves its temporary files (`temp_prefix`); the next
+save of the same kind, or the next restore, removes them (`remove_temps`).
 """
 
+import contextlib
 import os
+import re
 
 from oscars_tf.errors import OscarsError
 
 
 class SavedStateError(OscarsError):
   """A saved state's JSON file names a file outside its directory."""
+
+
+# A save's temporary files: `.tmp-<pid>.<ext>` (a checkpoint's) and
+# `.tmp-round-w<worker>-<pid>.<ext>` (a worker's round state's).
+_TEMP = re.compile(r"\.tmp-(?:round-w(\d+)-)?\d+\.(?:weights\.h5|npz|json)")
+
+CHECKPOINT = "checkpoint"    # remove_temps: the chief's checkpoint's
+EVERY_SAVE = "every save"    # remove_temps: a checkpoint's and every worker's
+
+
+def temp_prefix(directory, worker=None):
+  """The path, less its extension, of this process's temporary files in
+  `directory`: a checkpoint's, or (given `worker`) its round state's."""
+  kind = "" if worker is None else f"round-w{int(worker)}-"
+  return os.path.join(directory, f".tmp-{kind}{os.getpid()}")
+
+
+def remove_temps(directory, of):
+  """Deletes the temporary files that saves killed midway left in
+  `directory`, of `of`: a worker index (its round state's: only it saves
+  them), CHECKPOINT (only the chief saves checkpoints), or EVERY_SAVE (at a
+  restore, when nobody saves). Any other file stays, whatever its name."""
+  names = os.listdir(directory) if directory and os.path.isdir(
+      directory) else []
+  for name in names:
+    match = _TEMP.fullmatch(name)
+    if match is None:
+      continue
+    worker = match.group(1)
+    if (of == EVERY_SAVE or (worker is None and of == CHECKPOINT) or
+        (worker is not None and of == int(worker))):
+      # Another worker restoring from a shared directory may remove it
+      # first.
+      with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.remove(os.path.join(directory, name))
 
 
 def fsync(path):

@@ -1,5 +1,6 @@
 """The start of training: every worker checks that the others built the
-same model and strategy, then takes the chief's initial weights.
+same model and strategy, then takes the chief's initial weights (and the
+chief's outer optimizer state: each worker restored its own).
 
 Runs eagerly, once per set of variables, before the first step: a worker
 with another model or other strategy arguments fails here with a clear
@@ -77,10 +78,12 @@ class Handshake:
           f"optimizer_state={settings.optimizer_state!r}. Every worker must "
           "build the same model and the same OscarsStrategy arguments.")
 
-  def broadcast_from_chief(self, values, write):
+  def broadcast_from_chief(self, values, write, role="model"):
     """`write(chief's values)` on every worker; `values` are this worker's
-    values of the variables."""
+    values of the variables (`role`: their collectives' instance keys, see
+    averaging.instance_key). Sent exactly, in their own dtypes."""
     weight = 1.0 if self._cluster.is_chief else 0.0
     write(self._guarded(
-        lambda: self._averager.weighted_sum(values, weight),
+        lambda: self._averager.weighted_sum(values, weight, role=role,
+                                            exact=True),
         "the initial broadcast"))

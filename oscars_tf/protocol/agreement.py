@@ -40,6 +40,7 @@ class Agreements:
     self.straggler_timeout = float(straggler_timeout)
     self.decision_timeout = float(decision_timeout)
     self._last = None  # (round, number of agreements at that round)
+    self._exchanges = {}  # name -> number of exchanges of that name so far
     self._published = collections.deque()  # the chief's result keys
 
   def gather(self, round_, members, numbers):
@@ -56,6 +57,23 @@ class Agreements:
       if self.me not in result:  # too late: nobody will read it
         self.store.delete(mine)
     return result
+
+  def exchange(self, name, text, workers):
+    """{worker: text} for every worker in `workers`: the `text` each wrote
+    at this exchange of `name`, or None for one that did not within the
+    decision timeout or whose process is gone. Every worker calls it at the
+    same point and reads the others' texts itself: no chief decides, as
+    every worker must take part (one missing is the caller's error, not a
+    member left out). The keys stay: one per worker and exchange."""
+    index = self._exchanges[name] = self._exchanges.get(name, -1) + 1
+    base = f"{PREFIX}exchange/{name}/{index}"
+    self.store.set(f"{base}/{self.me}", text)
+    others = [j for j in workers if j != self.me]
+    texts = kv_store.values_unless_gone(
+        self.store, [f"{base}/{j}" for j in others],
+        time.monotonic() + self.decision_timeout,
+        lambda i: self.is_gone(others[i]))
+    return {self.me: text, **dict(zip(others, texts))}
 
   def _next_index(self, round_):
     index = self._last[1] + 1 if self._last and self._last[0] == round_ else 0
