@@ -57,7 +57,18 @@ def _outer_state(strategy):
 
 def save(model, directory, epoch, strategy=None):
   """Writes `model` (and its optimizer, and `strategy`'s outer optimizer
-  state) as the checkpoint of `epoch`."""
+  state) as the checkpoint of `epoch`; returns whether it did.
+
+  A model with non-finite weights is not written: it would replace the
+  last good checkpoint (an epoch end where every member is poisoned)."""
+  if not round_state.finite_weights(model):
+    last = latest(directory)
+    logging.warning(
+        "oscars_tf: the model to save at epoch %d has non-finite weights: "
+        "not saved; %s.", epoch,
+        f"the last good checkpoint (epoch {last['epoch']}) stays" if last
+        else "there is no checkpoint yet")
+    return False
   os.makedirs(directory, exist_ok=True)
   name = _weights_name(epoch)
   tmp = saved_files.temp_prefix(directory)
@@ -82,6 +93,7 @@ def save(model, directory, epoch, strategy=None):
       os.remove(os.path.join(directory, old))
   round_state.remove_superseded(directory, int(epoch))
   saved_files.remove_temps(directory, saved_files.CHECKPOINT)
+  return True
 
 
 def latest(directory):

@@ -38,6 +38,26 @@ def test_save_then_restore_brings_back_weights_and_optimizer(tmp_path):
   assert checkpoint.restore(_model(2), str(tmp_path / "none")) == 0
 
 
+def test_a_non_finite_model_never_replaces_a_good_checkpoint(tmp_path,
+                                                             caplog):
+  # Issue 43: an epoch end where every member was poisoned overwrote the
+  # last good checkpoint with NaN weights.
+  good, poisoned = _model(1), _model(2)
+  checkpoint.save(good, str(tmp_path), epoch=1)
+  kernel = poisoned.layers[0].kernel
+  kernel.assign(np.full(kernel.shape, np.nan, np.float32))
+  with caplog.at_level("WARNING"):
+    checkpoint.save(poisoned, str(tmp_path), epoch=2)
+  restored = _model(5)
+  assert checkpoint.restore(restored, str(tmp_path)) == 1
+  for a, b in zip(_weights(good), _weights(restored)):
+    np.testing.assert_array_equal(a, b)
+  assert [r.getMessage() for r in caplog.records
+          if r.getMessage().startswith("oscars_tf")] == [
+      "oscars_tf: the model to save at epoch 2 has non-finite weights: not "
+      "saved; the last good checkpoint (epoch 1) stays."]
+
+
 def _crash_while_saving(monkeypatch, model, crash_at):
   """Makes saving `model` fail at `crash_at` (a write or a rename)."""
   real_replace = os.replace

@@ -42,6 +42,24 @@ def test_a_plan_restricted_to_members_leaves_the_others_alone(
   assert plan_changes.with_members(plan, range(n)) is plan
 
 
+@settings(max_examples=60, deadline=None)
+@given(tables(), CONFIGS, st.integers(0, 40), st.data())
+def test_no_group_of_members_is_left_without_a_sound_one(table, config,
+                                                          round_, data):
+  n = table.size
+  members = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
+  plan = plan_changes.with_members(config.plan(table, round_), members)
+  sound = [i in members and data.draw(st.booleans()) for i in range(n)]
+  out = plan_changes.with_sound_groups(plan, members, sound)
+  member_groups = [g for g in out.groups if g[0] in members]
+  if any(sound):  # every poisoned member has a model to take
+    assert all(any(sound[i] for i in g) for g in member_groups)
+  if out is not plan:  # a sync of all members, as for newcomers
+    assert member_groups == [tuple(sorted(members))] and out.global_sync
+    assert all(len(g) == 1 for g in out.groups if g[0] not in members)
+    assert math.isclose(sum(out.weights[i] for i in members), 1.0)
+
+
 def _even_plan(n=3, k=(6, 6, 2)):
   table = records.StepRateTable(tuple(
       records.TableEntry(rate=float(s), round=3) for s in k), ("h",) * n)

@@ -1,7 +1,7 @@
 """Poison guard: a worker with non-finite weights is never averaged in.
 
-Three real workers over gRPC on loopback; worker 1's first kernel is set to
-NaN at the start of epoch 1 (Adam, so its optimizer slots turn NaN too).
+Three real workers over gRPC on loopback; one worker's first kernel is set
+to NaN at the start of epoch 1 (Adam, so its optimizer slots turn NaN too).
 """
 
 import math
@@ -39,3 +39,26 @@ def test_a_nan_worker_is_left_out_reset_and_logged(tmp_path):
   values = [float(tf.make_ndarray(e.tensor_proto))
             for e in acc.Tensors("oscars/poisoned_workers")]
   assert values.count(1.0) == len(events[0]) and max(values) == 1.0
+
+
+def test_a_nan_worker_alone_in_its_group_takes_the_others_model_at_once():
+  """Issue 43: the only worker of host 127.0.0.2 is alone in its group
+  (grouped by host, no global sync planned); poisoned, it kept its NaN
+  weights and slots. Its round now becomes a sync of all members."""
+  job = multiworker.run("fit", 3, {
+      "adaptive": {"grouping": "host", "global_every": 64,
+                   "adaptive_global": False, "initial_period": 4,
+                   "max_period": 8},  # rounds within an epoch: not global
+      "epochs": 2, "batch_size": 8, "optimizer": "adam", "lr": 0.01,
+      "record": True,
+      "poison_at_epoch": [2, 1], "timeout": 60},
+      hosts=["127.0.0.1", "127.0.0.1", "127.0.0.2"])
+  outs = job.outputs
+  poisoned = [r for r in outs[2]["rounds"] if r["poisoned"]]
+  assert poisoned and all(r["poisoned"] == [2] for r in poisoned)
+  assert [(r["global_sync"], r["group"]) for r in poisoned] == [
+      (True, [0, 1, 2])]  # once: repaired in that round
+  proj = {r["step"]: np.asarray(r["proj"]) for r in outs[2]["records"]}
+  assert np.isfinite(proj[poisoned[0]["end_step"]]).all()
+  assert np.isfinite(outs[2]["weights"]).all()
+  assert all(math.isfinite(s) for s in outs[2]["optimizer_slots"])

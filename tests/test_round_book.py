@@ -32,20 +32,43 @@ def _books(hosts, schedule=None):
           for i in range(n)]
 
 
-def _round(books, steps, finite=None):
-  """One round on every book: arrive, then averaged. Returns the parts
-  and next rounds."""
-  finite = finite or [True] * len(books)
+def _arrive_and_average(book, steps, finite=True):
+  """One round on `book`: arrive, then averaged; (part, next round)."""
+  book.mark_round_start()
+  start = book.last_sync_step
+  part = book.arrive(start + steps, 1.0 + book.me, finite)
+  return part, book.averaged(part.table, 0.01, start + steps, 1000)
 
-  def run(i):
-    b = books[i]
-    b.mark_round_start()
-    start = b.last_sync_step
-    part = b.arrive(start + steps[i], 1.0 + i, finite[i])
-    return part, b.averaged(part.table, 0.01, start + steps[i], 1000)
-  out, errors = run_threads([lambda i=i: run(i) for i in range(len(books))])
+
+def _round(books, steps, finite=None):
+  """One round on every book. Returns the parts and next rounds."""
+  finite = finite or [True] * len(books)
+  out, errors = run_threads([
+      lambda i=i: _arrive_and_average(books[i], steps[i], finite[i])
+      for i in range(len(books))])
   assert errors == [None] * len(books)
   return [o[0] for o in out], [o[1] for o in out]
+
+
+def _received(parts, models):
+  """What each worker holds after the round's averaging of scalar
+  `models`, summed as the graph sums them (distribute/rounds.py, and
+  runtime/averaging.py host by host, one rack): a worker that takes the
+  model sends zeros, and one alone in its group keeps what it sends."""
+  sent = [0.0 if p.takes_model else m for p, m in zip(parts, models)]
+
+  def sums(key, weight):
+    out = {}
+    for p, s in zip(parts, sent):
+      out[key(p)] = out.get(key(p), 0.0) + weight(p) * s
+    return out
+  if not parts[0].is_global or parts[0].host_key == 0:  # a flat group
+    groups = sums(lambda p: p.group_key, lambda p: p.weight)
+    return [groups[p.group_key] if p.group_size > 1 else s
+            for p, s in zip(parts, sent)]
+  hosts = sums(lambda p: p.host_key, lambda p: p.weight_in_host)
+  total = sum(p.host_share * hosts[p.host_key] for p in parts if p.is_leader)
+  return [total] * len(parts)
 
 
 def _group_weights(parts):
@@ -100,6 +123,45 @@ def test_a_member_with_non_finite_weights_adds_nothing_and_takes_the_model():
   assert parts[1].weight == 0.0
   assert parts[0].weight + parts[2].weight == pytest.approx(1.0)
   assert books[0].history[-1]["poisoned"] == [1]
+
+
+def test_a_poisoned_worker_alone_in_its_group_takes_the_sound_model():
+  # Issue 43: the only worker of host b, so alone in its group, kept its
+  # NaN weights (and slots) until a global sync came.
+  books = _books(("a", "a", "b"), schedules.Adaptive(grouping="host"))
+  assert books[0].plan.groups == ((0, 1), (2,))
+  parts, _ = _round(books, steps=[4, 4, 4], finite=[True, True, False])
+  assert _received(parts, [1.0, 3.0, math.nan]) == pytest.approx([2.0] * 3)
+  assert [p.takes_model for p in parts] == [False, False, True]
+  assert books[2].history[-1]["poisoned"] == [2]
+  # The repair changed this round only: the plan is host by host again.
+  assert books[0].plan.groups == ((0, 1), (2,))
+
+
+def test_a_newcomer_among_poisoned_members_keeps_its_own_model():
+  # Issue 43: a rejoining worker takes the model, but when every other
+  # member is poisoned there is none to take: it got their NaN average.
+  books = _books(("a",) * 3, schedules.Fixed(4))
+  _round(books, steps=[4, 4, 4])
+  chief = books[0].membership
+  chief.straggler_timeout = 0.05  # worker 2 is late: dropped at round 1
+  run_threads([lambda i=i: _arrive_and_average(books[i], 4) for i in (0, 1)])
+  assert books[0].history[-1]["dropped"] == [2]
+  chief.straggler_timeout = 5.0
+
+  def chief_once_2_asks_back():
+    chief.store.wait_for_key(f"{membership.PREFIX}j/2")
+    return _arrive_and_average(books[0], 4, finite=False)
+  out, errors = run_threads([
+      chief_once_2_asks_back,
+      lambda: _arrive_and_average(books[1], 4, finite=False),
+      lambda: _arrive_and_average(books[2], 4)])
+  assert errors == [None] * 3
+  parts = [o[0] for o in out]
+  assert books[2].history[-1]["rejoined"] == [2]
+  assert _received(parts, [math.nan, math.nan, 5.0]) == (
+      pytest.approx([5.0] * 3))
+  assert [p.takes_model for p in parts] == [True, True, False]
 
 
 def test_a_round_that_meets_new_collectives_reports_no_averaging_cost():

@@ -71,6 +71,13 @@ def save(model, directory, position, outer=None):
   return state
 
 
+def finite_weights(model):
+  """Whether every weight of `model` is finite: a non-finite model is never
+  saved (a restart would resume from it)."""
+  return all(np.all(np.isfinite(np.asarray(w)))
+             for w in getattr(model, "weights", ()))
+
+
 def _remove(directory, name):
   # The chief's epoch checkpoint may be removing the same file.
   with contextlib.suppress(FileNotFoundError):
@@ -161,8 +168,7 @@ class Keeper:
     """Saves the state; logs, and never raises (the peer's loss is the
     error to report). A model with non-finite weights is not saved."""
     try:
-      if not all(np.all(np.isfinite(np.asarray(w)))
-                 for w in self.model.weights):
+      if not finite_weights(self.model):
         logging.error("oscars_tf: worker %d: a peer is lost, but this "
                       "worker's weights are not finite: no round state "
                       "saved.", self.worker)

@@ -1,9 +1,10 @@
 """Changes to a round's plan from what happened in the round, the same on
-every member: workers dropped or rejoining (`with_members`), who arrived
-with how many steps and whose data ran out (`with_arrivals`), the epoch's
-end (`fit_to_epoch`), whole multiples of Keras' steps per call
-(`quantized`), and each worker's weights when some are unsound
-(`healthy_weight`, `host_part`). Pure Python.
+every member: workers dropped or rejoining (`with_members`), a group left
+with no sound member (`with_sound_groups`), who arrived with how many steps
+and whose data ran out (`with_arrivals`), the epoch's end
+(`fit_to_epoch`), whole multiples of Keras' steps per call (`quantized`),
+and each worker's weights when some are unsound (`healthy_weight`,
+`host_part`). Pure Python.
 """
 
 import dataclasses
@@ -96,15 +97,41 @@ def with_members(p: Plan, members, newcomers=(), weighting="work") -> Plan:
   if len(members) == n and not newcomers:
     return p
   if newcomers:
-    kept = (tuple(sorted(members)),)
-  else:
-    kept = tuple(g2 for g2 in (tuple(i for i in g if i in members)
-                               for g in p.groups) if g2)
+    return _members_together(p, members, weighting)
+  kept = tuple(g2 for g2 in (tuple(i for i in g if i in members)
+                             for g in p.groups) if g2)
   groups = kept + tuple((i,) for i in range(n) if i not in members)
   weights, scales = weights_and_scales(groups, p.local_steps, weighting)
   return dataclasses.replace(p, groups=groups, weights=weights,
-                             update_scales=scales,
-                             global_sync=p.global_sync or bool(newcomers))
+                             update_scales=scales)
+
+
+def with_sound_groups(p: Plan, members, sound, weighting="work") -> Plan:
+  """`p` with no group of members left without a sound one (`sound[j]`:
+  worker j adds its model, see `healthy_weight`).
+
+  A group whose members are all poisoned (non-finite weights) has no model
+  to take: a poisoned worker alone in its group kept its NaN weights and
+  slots. While any member is sound, such a round becomes a sync of all
+  members, as a round with newcomers does, so the poisoned take the sound
+  members' model in this round (its group is the one global syncs use:
+  nothing new to set up). With no sound member at all, `p` is returned.
+  """
+  members = set(members)
+  with_sound = [any(sound[i] for i in g) for g in p.groups if g[0] in members]
+  if all(with_sound) or not any(with_sound):
+    return p
+  return _members_together(p, members, weighting)
+
+
+def _members_together(p: Plan, members, weighting) -> Plan:
+  """`p` as a sync of all `members` (a set); the others alone."""
+  n = len(p.local_steps)
+  groups = (tuple(sorted(members)),) + tuple(
+      (i,) for i in range(n) if i not in members)
+  weights, scales = weights_and_scales(groups, p.local_steps, weighting)
+  return dataclasses.replace(p, groups=groups, weights=weights,
+                             update_scales=scales, global_sync=True)
 
 
 def with_arrivals(p: Plan, members, steps, exhausted,

@@ -209,22 +209,24 @@ class RoundBook:
     # this round, or the planner would take it for stale and plan it at the
     # median after a long stall.
     rows[list(decision.newcomers), FIELD_ROUND] = self.round
-    steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
-    exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
-    self.plan, self._epoch_agreed = plan_changes.with_arrivals(
-        self.plan, decision.members, steps, exhausted, self._weighting)
     is_member = np.zeros(self.n, bool)  # not `in` a tuple: O(workers^2)
     is_member[list(decision.members)] = True
     healthy = (is_member & (rows[:, FIELD_HEALTHY] > 0.5)).tolist()
     self._poisoned = [j for j in decision.members if not healthy[j]]
+    # Newcomers, like poisoned members, add nothing and take the model
+    # (unless no other member is finite: see sound_workers).
+    sound = round_parts.sound_workers(healthy, decision.newcomers)
     if self._poisoned:
       logging.warning(
           "oscars_tf: worker %d round %d: worker(s) %s have non-finite "
           "weights; averaging without them, and they take the group's model",
           self.me, self.round, self._poisoned)
-    # Newcomers, like poisoned members, add nothing and take the model.
-    newcomers = set(decision.newcomers)
-    sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
+      self.plan = plan_changes.with_sound_groups(
+          self.plan, decision.members, sound, self._weighting)
+    steps = np.nan_to_num(rows[:, FIELD_STEPS]).astype(np.int64)
+    exhausted = np.nan_to_num(rows[:, FIELD_EXHAUSTED]) > 0.5
+    self.plan, self._epoch_agreed = plan_changes.with_arrivals(
+        self.plan, decision.members, steps, exhausted, self._weighting)
     layout = round_parts.register_groups(
         self.group_keys, self.plan, self.hosts, self.members,
         self._max_leaders)

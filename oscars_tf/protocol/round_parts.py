@@ -96,6 +96,16 @@ def register_groups(group_keys, plan, hosts, members, max_leaders=None):
   return layout
 
 
+def sound_workers(healthy, newcomers):
+  """sound[j]: worker j adds its model this round: a member with finite
+  weights (`healthy[j]`) that is not rejoining. When no member is, the
+  finite newcomers are: their models are the only finite ones, so they keep
+  them and the poisoned take them, instead of all taking a NaN average."""
+  newcomers = set(newcomers)
+  sound = [ok and j not in newcomers for j, ok in enumerate(healthy)]
+  return sound if any(sound) else list(healthy)
+
+
 def part_of(me, round_, plan, hosts, members, sound, group_keys, table,
             rejoining, max_leaders, layout):
   """Worker `me`'s RoundPart under `plan`; `sound[j]`: worker j adds its
