@@ -18,7 +18,8 @@ there.
 
 A dropped worker that comes back (a stall ended) finds itself left out of
 the decision of its round. It asks to rejoin and waits for the decision that
-names it a newcomer; in that round it takes its group's model (weight 0).
+names it a newcomer (rejoin.py); in that round it takes its group's model
+(weight 0).
 
 No TensorFlow here: the store is anything with `set`, `get` and `delete`
 (kv_store.ContextStore is TensorFlow's coordination service; tests use a
@@ -31,20 +32,22 @@ import time
 
 import numpy as np
 
-from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.protocol import arrival_reads
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import rejoin
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.decision import Decision
 from oscars_tf.protocol.kv_store import KeyMissing, put as _put
 
 PREFIX = "oscars_tf/members/"
-POLL_S = 0.5  # a dropped worker checks for the end of training this often
+POLL_S = 0.5  # a member's first wait for the decision (then doubled)
 LONG_POLL_S = 4.0  # a member's wait for the decision: at most this per RPC
+PUBLISH_MARGIN_S = 5.0  # at most: see _publish_margin
 KEEP_ROUNDS = 1000  # decisions kept in the store (older ones are deleted)
 KEEP_SNAPSHOTS = 4  # whole snapshots kept ("deltas" distribution)
 DISTRIBUTIONS = ("deltas", "full")
@@ -220,45 +223,14 @@ class Membership:
 
   def _rejoin(self, round_, row):
     t0 = time.monotonic()
-    latest = _int_or(self._try_get(f"{PREFIX}latest"), round_)
-    _put(self.store, f"{PREFIX}j/{self.me}", _dump(row))
-    self._asked_to_rejoin()
-    r = max(round_, latest) + 1
-    deadline = t0 + self.decision_timeout
-    while True:
-      try:
-        text = self.store.get(f"{PREFIX}d/{r}", min(POLL_S, _left(deadline)))
-        if self.distribution == "deltas":
-          if self.me in table_deltas.Changes(text).newcomers:
-            # A newcomer holds no snapshot: it reads the whole one, which
-            # carries the chief's plan for it.
-            decision = self._read_snapshot(r, deadline)
-            if decision is None:  # too slow even for that: ask again
-              _put(self.store, f"{PREFIX}j/{self.me}", _dump(row))
-              r += 1
-              continue
-          else:
-            r += 1
-            continue
-        else:
-          decision = Decision.decode(text)
-      except KeyMissing:
-        if self._try_get(f"{PREFIX}finished") is not None:
-          raise WorkerLostError(
-              f"worker {self.me} was dropped at round {round_} (too late at "
-              "its round end) and training ended before it could rejoin; "
-              "the chief's model and checkpoint are the job's result."
-              ) from None
-        if _left(deadline) <= 0:
-          self.store.delete(f"{PREFIX}j/{self.me}")  # not asking any more
-          raise PeerTimeoutError(
-              f"worker {self.me}: dropped at round {round_}, and not let "
-              f"back in within {self.decision_timeout:.0f} s.") from None
-        continue
-      if self.me in decision.newcomers:
-        self.events.append((r, "rejoined", self.me, time.monotonic() - t0))
-        return decision
-      r += 1
+    decision = rejoin.wait_to_rejoin(
+        self.store, PREFIX, self.me, round_, _dump(row),
+        self.decision_timeout,
+        self._read_snapshot if self.distribution == "deltas" else None,
+        self._asked_to_rejoin)
+    self.events.append((decision.round, "rejoined", self.me,
+                        time.monotonic() - t0))
+    return decision
 
   def _read_decision(self, round_, text):
     """The Decision of `round_` from the text under its key."""
@@ -349,9 +321,17 @@ class Membership:
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = {0: _dump(my_row)}  # store texts, decoded at once
     t0 = time.monotonic()
-    wait = min(max(0.0, expected_s), self.decision_timeout)
-    deadline = t0 + wait + (self.straggler_timeout if round_ else
-                            self.first_round_timeout)
+    straggler_s = (self.straggler_timeout if round_ else
+                   self.first_round_timeout)
+    # Invariant: the chief decides within a member's wait for the decision
+    # (`_timeout`, from the member's own arrival) less a margin to publish
+    # and be read. The members `expected_s` waits for arrive after the
+    # chief, so none of them gives up first, however long the chief
+    # expected them to take (issue 43: it waited up to decision_timeout +
+    # straggler_timeout).
+    members_wait = self._timeout(round_)
+    deadline = t0 + min(max(0.0, expected_s) + straggler_s,
+                        members_wait - _publish_margin(members_wait))
     others = [j for j in self.members if j != 0]
     self._read_arrivals(round_, others, rows, deadline)
     arrived = [0] + [j for j in others if j in rows]
@@ -385,6 +365,11 @@ class Membership:
     _put(self.store, f"{PREFIX}latest", str(round_))
     self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
     return decision
+
+
+def _publish_margin(members_wait):
+  """Seconds the chief keeps, of the members' wait, to publish in time."""
+  return min(PUBLISH_MARGIN_S, members_wait / 4)
 
 
 def _left(deadline):

@@ -1,0 +1,141 @@
+"""Timing skews of the membership protocol (issue 43, item 11): the chief's
+wait against the members' give-up, a rejoiner reading `latest` while the
+chief rewrites it, a rejoiner whose round's decision was deleted.
+
+Workers are threads on the in-memory store, as in test_membership.py.
+"""
+
+import math
+import threading
+import time
+
+from fake_store import FakeStore, run_threads as _run
+
+from oscars_tf.protocol import membership
+
+LATEST = f"{membership.PREFIX}latest"
+
+
+def _row(worker, rate=10.0):
+  return [rate + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0]
+
+
+def _workers(store, n, straggler, decision, asked_to_rejoin=None):
+  return [membership.Membership(store, i, n, straggler, decision,
+                                first_round_timeout=straggler,
+                                asked_to_rejoin=asked_to_rejoin)
+          for i in range(n)]
+
+
+def test_a_chief_out_of_data_decides_before_the_members_give_up():
+  # 11a: the chief waited min(expected_s, decision_timeout) +
+  # straggler_timeout (2.3 s here) while a member that arrived with it gave
+  # up after decision_timeout (2 s) with PeerTimeoutError.
+  store = FakeStore()
+  ws = _workers(store, 3, straggler=0.3, decision=2.0)
+  _, errors = _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  assert errors == [None] * 3
+  # Round 1: the chief's data ran out (the others are due in 100 s);
+  # worker 1 arrives with it, worker 2 never does.
+  out, errors = _run([
+      lambda: ws[0].exchange(1, _row(0), expected_s=100.0),
+      lambda: ws[1].exchange(1, _row(1))])
+  assert errors == [None, None], errors
+  assert out[0].to_json() == out[1].to_json()
+  assert out[1].members == (0, 1) and out[1].dropped == (2,)
+
+
+class _LatestGap(FakeStore):
+  """Holds the chief inside its delete-then-set of `latest` (once armed)
+  until a reader's get of `latest` has returned, or for 1 s while one
+  waits through the gap; records the rounds of the decisions read."""
+
+  def __init__(self):
+    super().__init__()
+    self.armed = False
+    self.gap_open = threading.Event()
+    self.latest_read = threading.Event()
+    self.decisions_read = []
+
+  def delete(self, key):
+    super().delete(key)
+    if key == LATEST and self.armed:
+      self.armed = False
+      self.gap_open.set()
+      self.latest_read.wait(1.0)
+
+  def get(self, key, timeout_s):
+    if key.startswith(f"{membership.PREFIX}d/"):
+      self.decisions_read.append(int(key.rsplit("/", 1)[1]))
+    try:
+      return super().get(key, timeout_s)
+    finally:
+      if key == LATEST and self.gap_open.is_set():
+        self.latest_read.set()
+
+
+def test_a_rejoiner_reading_latest_in_the_chiefs_rewrite_skips_old_rounds():
+  # 11b: a rejoiner that read `latest` between the chief's delete and set
+  # took its own round instead, and read the decisions of every round
+  # since (one RPC each; past KEEP_ROUNDS a deleted key, until timeout).
+  store = _LatestGap()
+  ws = _workers(store, 2, straggler=0.2, decision=10.0)
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  for r in range(1, 6):  # worker 1 stalled: dropped at round 1
+    ws[0].exchange(r, _row(0))
+  store.armed = True
+
+  def chief():
+    ws[0].exchange(6, _row(0))  # `latest` goes from 5 to 6 through a gap
+    store.wait_for_key(f"{membership.PREFIX}j/1")
+    return ws[0].exchange(7, _row(0))
+
+  def rejoiner():  # back at its round 1 while the chief rewrites `latest`
+    assert store.gap_open.wait(10)
+    return ws[1].exchange(1, _row(1))
+  out, errors = _run([chief, rejoiner])
+  assert errors == [None, None], errors
+  assert out[1].round == 7 and out[1].newcomers == (1,)
+  stale = [r for r in store.decisions_read if 1 < r <= 6]
+  assert not stale, f"the rejoiner read decisions of rounds over: {stale}"
+
+
+def test_a_rejoiner_whose_rounds_decision_was_deleted_asks_again(
+    monkeypatch):
+  # 11c: a rejoiner held up past KEEP_ROUNDS rounds (let in, then dropped
+  # again, while it was away) polled its round's deleted decision until
+  # decision_timeout.
+  monkeypatch.setattr(membership, "KEEP_ROUNDS", 2)
+  store = FakeStore()
+  asked, resume = threading.Event(), threading.Event()
+
+  def held_once_asked():  # as fault_injection.at_rejoin_request does
+    if not asked.is_set():
+      asked.set()
+      assert resume.wait(10)
+  ws = _workers(store, 2, straggler=0.2, decision=10.0,
+                asked_to_rejoin=held_once_asked)
+  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  ws[0].exchange(1, _row(0))  # worker 1 dropped at round 1
+  released = []
+
+  def chief():
+    assert asked.wait(10)
+    assert ws[0].exchange(2, _row(0)).newcomers == (1,)
+    assert ws[0].exchange(3, _row(0)).dropped == (1,)  # it never came
+    for r in range(4, 7):  # d/2 is deleted at round 4
+      ws[0].exchange(r, _row(0))
+    assert f"{membership.PREFIX}d/2" not in store.data
+    released.append(time.monotonic())
+    resume.set()
+    store.wait_for_key(f"{membership.PREFIX}j/1", 10)  # asked again
+    return ws[0].exchange(7, _row(0))
+
+  def rejoiner():
+    decision = ws[1].exchange(1, _row(1))
+    return decision, time.monotonic()
+  out, errors = _run([chief, rejoiner], timeout=30)
+  assert errors == [None, None], errors
+  (back, at) = out[1]
+  assert back.round == 7 and back.newcomers == (1,)
+  assert at - released[0] < 5.0  # not its 10 s decision timeout
