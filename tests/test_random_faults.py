@@ -1,18 +1,23 @@
-"""Randomized faults: kill -9, SIGSTOP and NaN weights, at random moments.
+"""Randomized faults at random moments: kill -9, SIGSTOP, NaN weights, a
+kill while rejoining, a kill while saving a round state, a kill of the
+launcher itself.
 
 Seeded and bounded: RUNS short jobs of 3 workers (examples/train.py under
-oscars-launch, real gRPC on loopback, SIMULATED 40 ms steps), each with one
+oscars-launch, real gRPC on loopback, SIMULATED 60 ms steps), each with one
 fault drawn from the seed: its kind, its victim (a worker other than the
 chief, whose death is the restart path of test_recovery.py) and its moment
 (an epoch E, then a uniform time into it, so it may land in a step, at a
 round end, at an epoch end or in validation), early enough that training
-goes on for several epochs after it. Set
+goes on for several epochs after it. The windows that need a process held
+at one point (a rejoin asked, a round state half written, a collective
+entered) use the test-only hooks of runtime/fault_injection.py. Set
 OSCARS_FAULT_SEED to draw other runs; a failure names its seed and draw.
 
-Every run must end by itself with exit 0; the workers still in the job at
-the end hold the same model; and the mean test accuracy of the last five
-epochs is within one point of the undisturbed job's (one epoch's accuracy
-on the 360 digits test images moves by a point from the next).
+Every run but the launcher's death must end by itself with exit 0; the
+workers still in the job at the end hold the same model; and the mean test
+accuracy of the last five epochs is within one point of the undisturbed
+job's (one epoch's accuracy on the 360 digits test images moves by a point
+from the next). The launcher's death must take every worker with it.
 """
 
 import json
@@ -24,8 +29,10 @@ import time
 import pytest
 
 import faults
+from oscars_tf.runtime import fault_injection
 
-RUNS = 4
+KINDS = ["kill", "stop", "nan", "rejoin_kill", "save_kill", "launcher_kill"]
+RUNS = 7
 WORKERS, EPOCHS = 3, 12
 STRAGGLER_S = 3
 SEED = int(os.environ.get("OSCARS_FAULT_SEED", "0"))
@@ -38,8 +45,8 @@ LAUNCHER_ARGS = ["--timeout=200", "--restarts=1"]
 def draws(seed, runs):
   """[(kind, victim, epoch, seconds into it, stop seconds)] of the runs."""
   rng = random.Random(seed)
-  kinds = ["kill", "stop", "nan"]
-  rng.shuffle(kinds)  # every kind at least once in 3 or more runs
+  kinds = list(KINDS)
+  rng.shuffle(kinds)  # every kind at least once in len(KINDS) or more runs
   out = []
   for i in range(runs):
     kind = kinds[i] if i < len(kinds) else rng.choice(kinds)
@@ -60,8 +67,50 @@ def undisturbed(tmp_path_factory):
 
 def test_the_draws_cover_every_kind_and_depend_on_the_seed():
   kinds = {d[0] for d in draws(SEED, RUNS)}
-  assert kinds == {"kill", "stop", "nan"}
+  assert kinds == set(KINDS)
   assert draws(1, RUNS) != draws(2, RUNS)
+
+
+def _stop_then_kill_at_rejoin(job, victim, stop_s, markers, hold):
+  """The victim stops itself at a round end, before its row is posted; it
+  is resumed past the straggler timeout (the chief dropped it), and killed
+  once its request to rejoin is in."""
+  arrived = markers / f"arrival-{hold}-w{victim}"
+  faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
+                  f"worker {victim} at round end {hold}", job)
+  time.sleep(STRAGGLER_S + 3 + stop_s / 2)  # the stall itself
+  os.kill(int(arrived.read_text()), signal.SIGCONT)
+  marker = markers / f"rejoin-w{victim}"
+  faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
+                  f"worker {victim}'s request to rejoin", job)
+  os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def _kill_in_collective_then_while_saving(job, victim, markers, hold):
+  """Kills the victim inside the hold-th averaging collective, then the
+  other survivor while it saves its round state (or the launcher's stop
+  kills it there first)."""
+  entered = [markers / f"collective-{hold}-w{i}" for i in range(WORKERS)]
+  faults.wait_for(lambda: all(m.exists() and m.read_text() for m in entered),
+                  150, f"every worker at collective {hold}", job)
+  os.kill(int(entered[victim].read_text()), signal.SIGKILL)
+  saver = markers / f"save-w{3 - victim}"
+  faults.wait_for(lambda: saver.exists() and saver.read_text(), 60,
+                  "the other survivor saving its round state", job)
+  try:
+    os.kill(int(saver.read_text()), signal.SIGKILL)
+  except ProcessLookupError:
+    pass  # the launcher's stop killed it in its save already
+
+
+def _env_of(kind, victim, markers, hold):
+  if kind == "rejoin_kill":
+    return {fault_injection.ARRIVAL_ENV: f"{3 * hold}:{victim}:{markers}",
+            fault_injection.REJOIN_ENV: str(markers)}
+  if kind == "save_kill":
+    return {fault_injection.ENV: f"{hold}:{victim}:{markers}",
+            fault_injection.SAVE_ENV: f"{3 - victim}:{markers}"}
+  return None
 
 
 @pytest.mark.parametrize("run", range(RUNS))
@@ -72,27 +121,44 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
           f"after epoch {epoch}" + (f" for {stop_s} s" if kind == "stop"
                                     else ""))
   ckpt, result_path = tmp_path / "ckpt", tmp_path / "result.json"
+  markers = tmp_path / "markers"
+  markers.mkdir()
+  hold = 2 + epoch  # a collective in epoch 1 to 6 or so (3x: a round end)
   job = faults.launch(WORKERS, TRAIN_ARGS + [
       f"--checkpoint_dir={ckpt}", f"--result_json={result_path}"],
-                      LAUNCHER_ARGS)
+                      LAUNCHER_ARGS, env=_env_of(kind, victim, markers, hold))
   try:
-    faults.wait_for(lambda: faults.epoch_of(ckpt) >= epoch, 150,
-                    f"epoch {epoch}", job)
-    pid = faults.workers_of(str(ckpt)).get(victim)
-    assert pid, f"{what}: worker {victim} not found"
-    # The fault's moment (a timer, not a wait for anything).
-    time.sleep(after_s)
+    if kind == "save_kill":
+      _kill_in_collective_then_while_saving(job, victim, markers, hold)
+    elif kind == "rejoin_kill":
+      _stop_then_kill_at_rejoin(job, victim, stop_s, markers, 3 * hold)
+    else:
+      faults.wait_for(lambda: faults.epoch_of(ckpt) >= epoch, 150,
+                      f"epoch {epoch}", job)
+      pid = faults.workers_of(str(ckpt)).get(victim)
+      assert pid, f"{what}: worker {victim} not found"
+      # The fault's moment (a timer, not a wait for anything).
+      time.sleep(after_s)
     if kind == "kill":
       os.kill(pid, signal.SIGKILL)
     elif kind == "nan":
       os.kill(pid, signal.SIGUSR1)
-    else:
+    elif kind == "stop":
       os.kill(pid, signal.SIGSTOP)
       time.sleep(stop_s)  # the stall itself
       os.kill(pid, signal.SIGCONT)
+    elif kind == "launcher_kill":
+      os.kill(job.pid, signal.SIGKILL)
+      job.wait(timeout=10)
+      faults.wait_for(lambda: not faults.workers_of(str(ckpt)), 20,
+                      "every worker's end after the launcher's")
+      print(f"\n{what}: every worker ended with the launcher")
+      return
     out, err = faults.finish(job, 220)
   except BaseException:
     faults.kill(job)
+    for pid in faults.workers_of(str(ckpt)).values():  # after the launcher
+      os.kill(pid, signal.SIGKILL)
     raise
   assert job.returncode == 0, (what, err[-3000:])
   result = json.loads(result_path.read_text())
@@ -107,9 +173,16 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
   elif kind == "nan":
     assert "weights are now NaN" in out, what
     assert f"worker(s) [{victim}] have non-finite weights" in out + err, what
-  elif stop_s > STRAGGLER_S + 0.5:
+  elif kind == "stop" and stop_s > STRAGGLER_S + 0.5:
     assert dropped == [[victim]], (what, dropped)
-  if kind != "kill":
+  elif kind == "rejoin_kill":  # let in never, and no one waited for it
+    assert dropped == [[victim]] and not restarted, (what, dropped, err)
+    assert not any(victim in e["rejoined"] for e in result["membership"])
+  elif kind == "save_kill":  # resumed from the chief's whole round state
+    assert "lost-peer restart 1 of" in err, (what, err[-3000:])
+    assert result["resumed_from"]["worker"] == 0, (what, result)
+    assert not list(ckpt.glob(".tmp-*")), (what, list(ckpt.iterdir()))
+  if kind in ("stop", "nan"):
     assert survivors == list(range(WORKERS)), (what, result["membership"])
   assert set(survivors) <= set(finals), (what, finals)
   assert len({tuple(finals[w]) for w in survivors}) == 1, (what, finals)

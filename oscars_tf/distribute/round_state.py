@@ -33,6 +33,7 @@ from absl import logging
 
 from oscars_tf.distribute import saved_files
 from oscars_tf.errors import WorkerLostError
+from oscars_tf.runtime import fault_injection
 
 _STATE = re.compile(r"round-w(\d+)\.json$")
 
@@ -52,6 +53,7 @@ def save(model, directory, position, outer=None):
   name = f"round-w{worker}-step{step}.weights.h5"
   tmp = saved_files.temp_prefix(directory, worker)
   model.save_weights(tmp + ".weights.h5")
+  fault_injection.in_round_state_save()  # tests stop a worker here
   saved_files.replace(tmp + ".weights.h5", os.path.join(directory, name))
   state = dict(position, weights=name)
   if outer is not None:

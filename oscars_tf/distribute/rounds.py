@@ -17,6 +17,7 @@ from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import py_function_errors
 from oscars_tf.runtime import sharded_sync
 
@@ -107,6 +108,7 @@ class Rounds:
 
   @py_function_errors.carried
   def _on_arrive(self, step, loss, finite):
+    fault_injection.at_arrival()  # tests stop a worker here
     part = self.book.arrive(int(step), float(loss), bool(finite))
     return [np.asarray(v, d.as_numpy_dtype)
             for v, d in zip(part, PART_DTYPES)]

@@ -3,6 +3,8 @@
     OSCARS_FAULT_HOLD_AT_COLLECTIVE=N:W:DIR
 
     OSCARS_FAULT_HOLD_AT_REJOIN=DIR
+    OSCARS_FAULT_HOLD_AT_SAVE=W:DIR
+    OSCARS_FAULT_HOLD_AT_ARRIVAL=N:W:DIR
 
 Every worker counts the averaging collectives it enters (each
 `GroupAverager.weighted_sum` that runs). At the N-th, each worker writes
@@ -15,7 +17,12 @@ tests), the collectives are built without the hook.
 
 The second: a dropped worker that has asked to rejoin writes
 `DIR/rejoin-w<index>` (its pid) and stops itself, once: a death while
-waiting to rejoin, hit every time.
+waiting to rejoin, hit every time. The third: worker W, saving its round
+state, writes `DIR/save-w<W>` and stops itself once its weights are in a
+temporary file, before their rename: a death while saving. The fourth:
+worker W, at its N-th round end, writes `DIR/arrival-N-w<W>` and stops
+itself before its row is posted: a stall the chief surely drops it for
+(a stall inside a collective holds everyone instead).
 """
 
 import json
@@ -24,8 +31,11 @@ import signal
 
 ENV = "OSCARS_FAULT_HOLD_AT_COLLECTIVE"
 REJOIN_ENV = "OSCARS_FAULT_HOLD_AT_REJOIN"
+SAVE_ENV = "OSCARS_FAULT_HOLD_AT_SAVE"
+ARRIVAL_ENV = "OSCARS_FAULT_HOLD_AT_ARRIVAL"
 
 _entered = [0]  # collectives this process has entered
+_arrived = [0]  # round ends this process has reached
 
 
 def _parse(spec):
@@ -52,6 +62,25 @@ def at_rejoin_request():
   directory = os.environ.get(REJOIN_ENV)
   if directory:
     _stop_once(os.path.join(directory, f"rejoin-w{_worker_index()}"))
+
+
+def in_round_state_save():
+  """Called while a round state is saved, its files not yet renamed."""
+  spec = os.environ.get(SAVE_ENV)
+  if spec:
+    worker, directory = spec.split(":", 1)
+    if int(worker) == _worker_index():
+      _stop_once(os.path.join(directory, f"save-w{worker}"))
+
+
+def at_arrival():
+  """Called at each round end, before this worker's row is posted."""
+  spec = os.environ.get(ARRIVAL_ENV)
+  if spec:
+    count, worker, directory = _parse(spec)
+    _arrived[0] += 1
+    if _arrived[0] == count and worker == _worker_index():
+      _stop_once(os.path.join(directory, f"arrival-{count}-w{worker}"))
 
 
 def _enter(spec):
