@@ -40,8 +40,9 @@ from absl import app, flags
 from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import (command_help, cpu_limits, emulation, netns,
                              worker_netns)
+from oscars_tf.tools.job_layout import free_ports, tf_configs  # noqa: F401
 from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
-    FORWARDED_SIGNALS, Job, Signals, describe_exit, free_ports, tf_configs)
+    FORWARDED_SIGNALS, Job, Signals, describe_exit)
 
 FLAGS = flags.FLAGS
 

@@ -111,6 +111,23 @@ def test_a_job_whose_last_task_cannot_start_stops_the_ones_started():
   assert not left, left
 
 
+def test_a_worker_left_behind_by_the_finished_chief_is_killed(capsys):
+  # Issue 43: a dropped worker stopped for good (SIGSTOP, a hang) kept the
+  # launcher waiting after the others had finished: without --timeout,
+  # forever.
+  job = worker_processes.Job(
+      [sys.executable, "-c", WORKER + "import signal\n"
+       "if i == 1:\n  os.kill(os.getpid(), signal.SIGSTOP)\n"], 2)
+  start = time.monotonic()
+  codes, failed = job.wait(timeout=60, grace=1, keep_going=True,
+                           after_chief=1.0)
+  assert failed is None and codes == [0, -signal.SIGKILL], codes
+  assert list(job.lost) == [1]
+  assert time.monotonic() - start < 30
+  assert ("worker 1 still ran 1 s after the chief finished (stalled, or "
+          "dropped and never back); killed it.") in capsys.readouterr().err
+
+
 def test_simulated_step_time_reaches_the_workers_and_is_labelled():
   proc = _launch(["--num_workers", "2", "--simulate_step_time",
                   "20ms*1,3"],

@@ -10,11 +10,9 @@ coordinator), the workers and the ps tasks, whose servers run until the
 chief is done. Imports no TensorFlow.
 """
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,64 +22,9 @@ import time
 from oscars_tf import exit_notes
 from oscars_tf.errors import PEER_LOST_EXIT_CODE, WorkerStartError
 from oscars_tf.tools import job_guard
+from oscars_tf.tools.job_layout import cluster_tasks, task_name, tf_configs
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def free_ports(n, host="127.0.0.1"):
-  """n distinct free TCP ports on host (bound once, then released)."""
-  sockets, ports = [], []
-  try:
-    for _ in range(n):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind((host, 0))
-      sockets.append(s)
-      ports.append(s.getsockname()[1])
-  finally:
-    for s in sockets:
-      s.close()
-  return ports
-
-
-def cluster_tasks(num_workers, num_ps=0, coordinator=False):
-  """(task type, index) of each process of a job, in a Job's order.
-
-  Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
-  MultiWorkerMirroredStrategy), and with `coordinator` last the task that
-  hosts the coordination service (oscars_tf/coordinator.py). With ps
-  tasks: ParameterServerStrategy's cluster, the chief (the coordinator)
-  first, then the workers, then the ps.
-  """
-  if not num_ps:
-    return ([("worker", i) for i in range(num_workers)] +
-            [("coordinator", 0)] * bool(coordinator))
-  return ([("chief", 0)] + [("worker", i) for i in range(num_workers)] +
-          [("ps", i) for i in range(num_ps)])
-
-
-def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None,
-               num_ps=0, coordinator=False):
-  """One TF_CONFIG JSON string per task of a local cluster (cluster_tasks'
-  order): per worker (and the coordinator task), or with `num_ps` a chief,
-  workers and ps tasks.
-
-  `hosts` (one address per task) places tasks on different addresses,
-  e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
-  """
-  tasks = cluster_tasks(num_workers, num_ps, coordinator)
-  ports = ports or free_ports(len(tasks), host)
-  hosts = hosts or [host] * len(tasks)
-  cluster = {}
-  for (kind, _), h, p in zip(tasks, hosts, ports):
-    cluster.setdefault(kind, []).append(f"{h}:{p}")
-  return [json.dumps({"cluster": cluster,
-                      "task": {"type": kind, "index": i}})
-          for kind, i in tasks]
-
-
-def task_name(kind, index):
-  """How messages name a task: "worker 3", "chief", "ps 0"."""
-  return kind if kind in ("chief", "coordinator") else f"{kind} {index}"
 
 
 def _prefix(kind, index):
@@ -252,7 +195,7 @@ class Job:
     return task_name(*self.tasks[i])
 
   def wait(self, timeout=None, grace=10.0, poll=0.05, keep_going=False,
-           interrupt=None):
+           interrupt=None, after_chief=60.0):
     """Waits for all workers; returns (exit codes, failed index or None).
 
     The first worker to exit non-zero ends the job: the others get SIGTERM,
@@ -269,7 +212,9 @@ class Job:
     In a ParameterServerStrategy job (`servers`), the job is done when the
     chief exits 0: the servers still running then get SIGTERM, SIGKILL
     after `grace` (listed in `killed`), and failed is None; only worker
-    tasks can be lost.
+    tasks can be lost. With `keep_going`, a worker still running
+    `after_chief` seconds after the chief finished (stopped, or dropped and
+    hung) gets SIGKILL and is lost: the chief's model is the result.
     Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
     Signals) has received a signal, every worker gets that signal, then
     SIGKILL after `grace`, and failed is "signal"; a further signal cuts
@@ -308,6 +253,8 @@ class Job:
       if all(c == 0 or i in self.lost or i in self.servers
              for i, c in enumerate(codes)):
         break
+      if keep_going and self.tasks[0] == ("worker", 0) and codes[0] == 0:
+        self._kill_left_behind(codes, after_chief, t0)
       if deadline and time.monotonic() > deadline:
         failed = "timeout"
         break
@@ -325,6 +272,20 @@ class Job:
     if all(p.poll() is not None for p in self.procs):
       self._done()
     return [p.poll() for p in self.procs], failed
+
+  def _kill_left_behind(self, codes, after_chief, t0):
+    """Kills the workers still running `after_chief` s after the chief
+    exited 0 (the chief waits for its members at exit: the rest were
+    dropped); they are lost."""
+    if time.time() - self.exit_times[0] < after_chief:
+      return
+    for i, c in enumerate(codes):
+      if c is None and self.tasks[i][0] == "worker" and i not in self.lost:
+        _signal_group(self.procs[i], signal.SIGKILL)
+        self.lost[i] = (self.procs[i].wait(), time.monotonic() - t0)
+        print(f"oscars-launch: {self.name(i)} still ran {after_chief:g} s "
+              "after the chief finished (stalled, or dropped and never "
+              "back); killed it.", file=sys.stderr)
 
   def _survivor_of_a_death(self, i):
     """Whether task `i`'s exit 75 came from a collective with a worker

@@ -1,0 +1,60 @@
+"""A local job's layout: its tasks, their ports and TF_CONFIGs, their names."""
+
+import json
+import socket
+
+
+def free_ports(n, host="127.0.0.1"):
+  """n distinct free TCP ports on host (bound once, then released)."""
+  sockets, ports = [], []
+  try:
+    for _ in range(n):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((host, 0))
+      sockets.append(s)
+      ports.append(s.getsockname()[1])
+  finally:
+    for s in sockets:
+      s.close()
+  return ports
+
+
+def cluster_tasks(num_workers, num_ps=0, coordinator=False):
+  """(task type, index) of each process of a job, in a Job's order.
+
+  Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
+  MultiWorkerMirroredStrategy), and with `coordinator` last the task that
+  hosts the coordination service (oscars_tf/coordinator.py). With ps
+  tasks: ParameterServerStrategy's cluster, the chief (the coordinator)
+  first, then the workers, then the ps.
+  """
+  if not num_ps:
+    return ([("worker", i) for i in range(num_workers)] +
+            [("coordinator", 0)] * bool(coordinator))
+  return ([("chief", 0)] + [("worker", i) for i in range(num_workers)] +
+          [("ps", i) for i in range(num_ps)])
+
+
+def tf_configs(num_workers, host="127.0.0.1", ports=None, hosts=None,
+               num_ps=0, coordinator=False):
+  """One TF_CONFIG JSON string per task of a local cluster (cluster_tasks'
+  order): per worker (and the coordinator task), or with `num_ps` a chief,
+  workers and ps tasks.
+
+  `hosts` (one address per task) places tasks on different addresses,
+  e.g. 127.0.0.1 and 127.0.0.2 to stand for two hosts on loopback.
+  """
+  tasks = cluster_tasks(num_workers, num_ps, coordinator)
+  ports = ports or free_ports(len(tasks), host)
+  hosts = hosts or [host] * len(tasks)
+  cluster = {}
+  for (kind, _), h, p in zip(tasks, hosts, ports):
+    cluster.setdefault(kind, []).append(f"{h}:{p}")
+  return [json.dumps({"cluster": cluster,
+                      "task": {"type": kind, "index": i}})
+          for kind, i in tasks]
+
+
+def task_name(kind, index):
+  """How messages name a task: "worker 3", "chief", "ps 0"."""
+  return kind if kind in ("chief", "coordinator") else f"{kind} {index}"
