@@ -87,7 +87,7 @@ def _flag_blocks(text):
   """flag name -> (section header, the flag's help lines)."""
   blocks, header, current = {}, None, None
   for line in text.splitlines():
-    flag = re.match(r"\s+--(?:\[no\])?(\w+)\b", line)
+    flag = re.match(r"  --(?:\[no\])?(\w+)\b", line)  # continuations: 4
     if re.fullmatch(r"[a-z][\w ]*:", line):
       header, current = line[:-1], None
     elif flag:
