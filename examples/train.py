@@ -372,9 +372,10 @@ def main(argv):
                        if r.get("dropped") or r.get("rejoined")],
         "final_members": list(getattr(strategy, "members",
                                       range(num_workers))),
-        # The chief's rounds: when it arrived, its steps, its wait.
+        # The chief's rounds: when it arrived, its steps, its waits (for
+        # the decision; in the collective).
         "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
-                                      "wait_s", "members")}
+                                      "wait_s", "comm_s", "members")}
                    for r in getattr(strategy, "round_history", [])],
         "per_worker": [dict(zip(row, map(float, values))) for values in
                        np.reshape(per_worker, (num_workers, -1))]}

@@ -31,6 +31,24 @@ def workers_of(marker):
   return found
 
 
+def restarted(marker):
+  """Whether a train.py process whose argv has marker belongs to a
+  restarted attempt of its job (OSCARS_LAUNCH_ATTEMPT above 0)."""
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode(errors="replace").split("\0")
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        env = f.read().decode(errors="replace").split("\0")
+    except OSError:
+      continue
+    if (TRAIN in argv and any(marker in a for a in argv) and
+        any(kv.startswith("OSCARS_LAUNCH_ATTEMPT=") and kv[22:] != "0"
+            for kv in env)):
+      return True
+  return False
+
+
 def wait_for(predicate, timeout, what, launcher=None):
   """Polls `predicate` until true; fails at `timeout`, or at once when the
   `launcher` (a Popen) has exited without it, with the job's output."""

@@ -245,21 +245,25 @@ def test_a_worker_stopped_until_training_ended_says_so_and_the_job_succeeds(
 
 def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
     tmp_path):
-  # Worker 2 is stopped past the straggler timeout (dropped), resumed, and
-  # stops itself again once its request to rejoin is in the store; it is
-  # killed there. The chief must not let the dead worker in: every member
-  # would wait for it in the round's collective, then the job would restart.
+  # Worker 2 stops itself at its 6th round end before posting its row (a
+  # stop inside a collective would hold everyone, not drop it), is resumed
+  # once the chief has dropped it, and stops itself again once its request
+  # to rejoin is in the store; it is killed there. The chief must not let
+  # the dead worker in: every member would wait for it in the round's
+  # collective, then the job would restart.
   ckpt, result, markers = tmp_path / "ckpt", tmp_path / "r.json", tmp_path
   job = faults.launch(3, TRAIN_ARGS + [
       "--epochs=6", f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
       ["--timeout=200"],
-      env={fault_injection.REJOIN_ENV: str(markers)})
+      env={fault_injection.REJOIN_ENV: str(markers),
+           fault_injection.ARRIVAL_ENV: f"6:2:{markers}"})
   try:
-    faults.wait_for(lambda: faults.epoch_of(ckpt) >= 1, 150, "epoch 1", job)
-    victim = faults.workers_of(str(ckpt))[2]
-    os.kill(victim, signal.SIGSTOP)
-    time.sleep(3 * STRAGGLER_S)  # the stall itself, not a wait for anything
-    os.kill(victim, signal.SIGCONT)
+    arrived = markers / "arrival-6-w2"
+    faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
+                    "worker 2 held at a round end", job)
+    faults.wait_for((markers / "dropped-w2").exists, 60,
+                    "the chief's drop of worker 2", job)
+    os.kill(int(arrived.read_text()), signal.SIGCONT)
     marker = markers / "rejoin-w2"
     faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
                     "worker 2's request to rejoin", job)

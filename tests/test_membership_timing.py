@@ -20,10 +20,18 @@ def _row(worker, rate=10.0):
   return [rate + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0]
 
 
+class _Hooks:
+  def __init__(self, asked_to_rejoin):
+    self.asked_to_rejoin = asked_to_rejoin
+
+  def dropped(self, workers):
+    pass
+
+
 def _workers(store, n, straggler, decision, asked_to_rejoin=None):
+  hooks = _Hooks(asked_to_rejoin) if asked_to_rejoin else None
   return [membership.Membership(store, i, n, straggler, decision,
-                                first_round_timeout=straggler,
-                                asked_to_rejoin=asked_to_rejoin)
+                                first_round_timeout=straggler, hooks=hooks)
           for i in range(n)]
 
 
@@ -109,7 +117,7 @@ def test_a_rejoiner_whose_rounds_decision_was_deleted_asks_again(
   store = FakeStore()
   asked, resume = threading.Event(), threading.Event()
 
-  def held_once_asked():  # as fault_injection.at_rejoin_request does
+  def held_once_asked():  # as fault_injection.asked_to_rejoin does
     if not asked.is_set():
       asked.set()
       assert resume.wait(10)

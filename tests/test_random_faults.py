@@ -73,12 +73,14 @@ def test_the_draws_cover_every_kind_and_depend_on_the_seed():
 
 def _stop_then_kill_at_rejoin(job, victim, stop_s, markers, hold):
   """The victim stops itself at a round end, before its row is posted; it
-  is resumed past the straggler timeout (the chief dropped it), and killed
-  once its request to rejoin is in."""
+  is resumed once the chief has dropped it, and killed once its request
+  to rejoin is in."""
   arrived = markers / f"arrival-{hold}-w{victim}"
   faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
                   f"worker {victim} at round end {hold}", job)
-  time.sleep(STRAGGLER_S + 3 + stop_s / 2)  # the stall itself
+  faults.wait_for((markers / f"dropped-w{victim}").exists, 60,
+                  f"the chief's drop of worker {victim}", job)
+  time.sleep(stop_s / 2)  # the rest of the stall, past the drop
   os.kill(int(arrived.read_text()), signal.SIGCONT)
   marker = markers / f"rejoin-w{victim}"
   faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
@@ -86,17 +88,22 @@ def _stop_then_kill_at_rejoin(job, victim, stop_s, markers, hold):
   os.kill(int(marker.read_text()), signal.SIGKILL)
 
 
-def _kill_in_collective_then_while_saving(job, victim, markers, hold):
+def _kill_in_collective_then_while_saving(job, victim, markers, hold,
+                                          ckpt):
   """Kills the victim inside the hold-th averaging collective, then the
-  other survivor while it saves its round state (or the launcher's stop
-  kills it there first)."""
+  other survivor while it saves its round state (or the launcher's stop,
+  after the chief's exit 75, kills it in or before its save first: the
+  job then restarts without the test's kill)."""
   entered = [markers / f"collective-{hold}-w{i}" for i in range(WORKERS)]
   faults.wait_for(lambda: all(m.exists() and m.read_text() for m in entered),
                   150, f"every worker at collective {hold}", job)
   os.kill(int(entered[victim].read_text()), signal.SIGKILL)
   saver = markers / f"save-w{3 - victim}"
-  faults.wait_for(lambda: saver.exists() and saver.read_text(), 60,
+  faults.wait_for(lambda: (saver.exists() and saver.read_text()) or
+                  faults.restarted(str(ckpt)), 60,
                   "the other survivor saving its round state", job)
+  if not (saver.exists() and saver.read_text()):
+    return
   try:
     os.kill(int(saver.read_text()), signal.SIGKILL)
   except ProcessLookupError:
@@ -129,7 +136,8 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
                       LAUNCHER_ARGS, env=_env_of(kind, victim, markers, hold))
   try:
     if kind == "save_kill":
-      _kill_in_collective_then_while_saving(job, victim, markers, hold)
+      _kill_in_collective_then_while_saving(job, victim, markers, hold,
+                                            ckpt)
     elif kind == "rejoin_kill":
       _stop_then_kill_at_rejoin(job, victim, stop_s, markers, 3 * hold)
     else:
@@ -174,7 +182,11 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
     assert "weights are now NaN" in out, what
     assert f"worker(s) [{victim}] have non-finite weights" in out + err, what
   elif kind == "stop" and stop_s > STRAGGLER_S + 0.5:
-    assert dropped == [[victim]], (what, dropped)
+    # Dropped, unless the stop landed in a round end once the decision
+    # had it a member: the others then waited it out in the collective.
+    waited = max(r["wait_s"] + r["comm_s"] for r in result["rounds"])
+    assert dropped == [[victim]] or (not dropped and waited > stop_s - 1), (
+        what, dropped, waited)
   elif kind == "rejoin_kill":  # let in never, and no one waited for it
     assert dropped == [[victim]] and not restarted, (what, dropped, err)
     assert not any(victim in e["rejoined"] for e in result["membership"])

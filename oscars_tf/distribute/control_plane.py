@@ -35,6 +35,6 @@ def connect(info, hosts, straggler_timeout, collective_timeout):
       membership_lib.Membership(
           store, info.worker_index, info.num_workers, straggler_timeout,
           collective_timeout, is_gone=is_gone, relay=relay,
-          asked_to_rejoin=fault_injection.at_rejoin_request),
+          hooks=fault_injection),  # test-only holds; unset, they do nothing
       agreement.Agreements(store, info.worker_index, straggler_timeout,
                            collective_timeout, is_gone=is_gone))

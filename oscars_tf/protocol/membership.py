@@ -60,7 +60,7 @@ class Membership:
                decision_timeout, first_round_timeout=None, is_gone=None,
                distribution="deltas",
                bytes_per_member=delta_budget.BYTES_PER_MEMBER, relay=None,
-               asked_to_rejoin=None):
+               hooks=None):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
@@ -78,8 +78,9 @@ class Membership:
     `relay`: a host_relay.HostRelay ("deltas"), through which one member
     per host reads each round's changes from the chief for the host.
 
-    `asked_to_rejoin()`: called once a dropped worker's request is in
-    (fault-injection tests stop the process there)."""
+    `hooks`: an object with `asked_to_rejoin()` (called once a dropped
+    worker's request is in) and `dropped(workers)` (the chief, as it drops
+    them): fault-injection tests stop a process there, or wait for it."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
@@ -102,7 +103,7 @@ class Membership:
     # Round 0 holds tracing and start-up, which take long and unevenly.
     self.first_round_timeout = float(first_round_timeout or decision_timeout)
     self.is_gone = is_gone or (lambda j: False)
-    self._asked_to_rejoin = asked_to_rejoin or (lambda: None)
+    self._hooks = hooks or _NoHooks()
     self.members = tuple(range(num_workers))
     self.events = []  # (round, "dropped"/"rejoined", worker, seconds)
     self._epoch_done = 0
@@ -227,7 +228,7 @@ class Membership:
         self.store, PREFIX, self.me, round_, _dump(row),
         self.decision_timeout,
         self._read_snapshot if self.distribution == "deltas" else None,
-        self._asked_to_rejoin)
+        self._hooks.asked_to_rejoin)
     self.events.append((decision.round, "rejoined", self.me,
                         time.monotonic() - t0))
     return decision
@@ -336,6 +337,8 @@ class Membership:
     self._read_arrivals(round_, others, rows, deadline)
     arrived = [0] + [j for j in others if j in rows]
     dropped = [j for j in others if j not in rows]
+    if dropped:
+      self._hooks.dropped(dropped)
     for j in dropped:
       self.events.append((round_, "dropped", j, time.monotonic() - t0))
     newcomers = []
@@ -370,6 +373,14 @@ class Membership:
 def _publish_margin(members_wait):
   """Seconds the chief keeps, of the members' wait, to publish in time."""
   return min(PUBLISH_MARGIN_S, members_wait / 4)
+
+
+class _NoHooks:
+  def asked_to_rejoin(self):
+    pass
+
+  def dropped(self, workers):
+    pass
 
 
 def _left(deadline):

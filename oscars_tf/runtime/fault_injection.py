@@ -22,7 +22,8 @@ state, writes `DIR/save-w<W>` and stops itself once its weights are in a
 temporary file, before their rename: a death while saving. The fourth:
 worker W, at its N-th round end, writes `DIR/arrival-N-w<W>` and stops
 itself before its row is posted: a stall the chief surely drops it for
-(a stall inside a collective holds everyone instead).
+(a stall inside a collective holds everyone instead); the chief then
+writes `DIR/dropped-w<W>` as it drops it.
 """
 
 import json
@@ -57,7 +58,7 @@ def _stop_once(marker):
   os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def at_rejoin_request():
+def asked_to_rejoin():
   """Called once a dropped worker's request to rejoin is in the store."""
   directory = os.environ.get(REJOIN_ENV)
   if directory:
@@ -71,6 +72,17 @@ def in_round_state_save():
     worker, directory = spec.split(":", 1)
     if int(worker) == _worker_index():
       _stop_once(os.path.join(directory, f"save-w{worker}"))
+
+
+def dropped(workers):
+  """The chief drops `workers`: with the arrival hold set, it writes
+  `DIR/dropped-w<j>` for each, so a test knows the drop has happened."""
+  spec = os.environ.get(ARRIVAL_ENV)
+  if spec:
+    directory = _parse(spec)[2]
+    for j in workers:
+      with open(os.path.join(directory, f"dropped-w{j}"), "w") as f:
+        f.write("1")
 
 
 def at_arrival():
