@@ -85,18 +85,22 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
     ("fit", 30, 30, 10), ("custom", 10, 16, 4)])
 def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
     tmp_path, loop, stall_s, epochs, min_rounds):
+  # Worker 2 stops itself at its 8th round end (past epoch 3), before it
+  # posts its row: a SIGSTOP at a random moment may land inside a round end
+  # (or while a peer still pulls the last collective's data from it), and
+  # the others then wait the stall out in the collective instead.
   job = faults.launch(3, TRAIN_ARGS + [
       f"--loop={loop}", f"--epochs={epochs}",
       f"--checkpoint_dir={tmp_path / 'ckpt'}",
-      f"--result_json={tmp_path / 'stall.json'}"], ["--timeout=240"])
+      f"--result_json={tmp_path / 'stall.json'}"], ["--timeout=240"],
+                      env={fault_injection.ARRIVAL_ENV: f"8:2:{tmp_path}"})
   try:
-    faults.wait_for(lambda: faults.epoch_of(tmp_path / "ckpt") >= 4, 150,
-                    "epoch 4", job)
-    victim = faults.workers_of(str(tmp_path / "ckpt"))[2]
+    held = tmp_path / "arrival-8-w2"
+    faults.wait_for(lambda: held.exists() and held.read_text(), 150,
+                    "worker 2 held at its 8th round end", job)
     stopped_at = time.time()
-    os.kill(victim, signal.SIGSTOP)
     time.sleep(stall_s)  # the stall itself, not a wait for anything
-    os.kill(victim, signal.SIGCONT)
+    os.kill(int(held.read_text()), signal.SIGCONT)
     resumed_at = time.time()
     out, err = faults.finish(job, 240)
   except BaseException:

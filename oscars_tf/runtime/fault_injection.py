@@ -20,15 +20,17 @@ The second: a dropped worker that has asked to rejoin writes
 waiting to rejoin, hit every time. The third: worker W, saving its round
 state, writes `DIR/save-w<W>` and stops itself once its weights are in a
 temporary file, before their rename: a death while saving. The fourth:
-worker W, at its N-th round end, writes `DIR/arrival-N-w<W>` and stops
-itself before its row is posted: a stall the chief surely drops it for
-(a stall inside a collective holds everyone instead); the chief then
-writes `DIR/dropped-w<W>` as it drops it.
+worker W, at its N-th round end, once every worker has reached its N-th,
+writes `DIR/arrival-N-w<W>` and stops itself before its row is posted: a
+stall the chief surely drops it for (a stall inside a collective, or
+while a peer still pulls the last one's data from it, holds everyone
+instead); the chief then writes `DIR/dropped-w<W>` as it drops it.
 """
 
 import json
 import os
 import signal
+import time
 
 ENV = "OSCARS_FAULT_HOLD_AT_COLLECTIVE"
 REJOIN_ENV = "OSCARS_FAULT_HOLD_AT_REJOIN"
@@ -88,11 +90,29 @@ def dropped(workers):
 def at_arrival():
   """Called at each round end, before this worker's row is posted."""
   spec = os.environ.get(ARRIVAL_ENV)
-  if spec:
-    count, worker, directory = _parse(spec)
-    _arrived[0] += 1
-    if _arrived[0] == count and worker == _worker_index():
-      _stop_once(os.path.join(directory, f"arrival-{count}-w{worker}"))
+  if not spec:
+    return
+  count, worker, directory = _parse(spec)
+  _arrived[0] += 1
+  me = _worker_index()
+  if _arrived[0] != count:
+    return
+  with open(os.path.join(directory, f"arrived-{count}-w{me}"), "w") as f:
+    f.write(str(os.getpid()))
+  if me != worker:
+    return
+  # Not before every other worker is at this round end too: TensorFlow's
+  # collectives are pulled, so a peer still reading the last round's
+  # collective from this process would wait for it however it is dropped.
+  config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+  others = [j for j in range(len(config.get("cluster", {}).get("worker", [])))
+            if j != me]
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline and not all(
+      os.path.exists(os.path.join(directory, f"arrived-{count}-w{j}"))
+      for j in others):
+    time.sleep(0.01)
+  _stop_once(os.path.join(directory, f"arrival-{count}-w{worker}"))
 
 
 def _enter(spec):
