@@ -85,7 +85,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
     ("fit", 30, 30, 10), ("custom", 10, 16, 4)])
 def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
     tmp_path, loop, stall_s, epochs, min_rounds):
-  # Worker 2 stops itself at its 8th round end (past epoch 3), before it
+  # Worker 2 stops itself at the end of round 8 (past epoch 3), before it
   # posts its row: a SIGSTOP at a random moment may land inside a round end
   # (or while a peer still pulls the last collective's data from it), and
   # the others then wait the stall out in the collective instead.
@@ -97,7 +97,7 @@ def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
   try:
     held = tmp_path / "arrival-8-w2"
     faults.wait_for(lambda: held.exists() and held.read_text(), 150,
-                    "worker 2 held at its 8th round end", job)
+                    "worker 2 held at the end of round 8", job)
     stopped_at = time.time()
     time.sleep(stall_s)  # the stall itself, not a wait for anything
     os.kill(int(held.read_text()), signal.SIGCONT)
@@ -249,7 +249,7 @@ def test_a_worker_stopped_until_training_ended_says_so_and_the_job_succeeds(
 
 def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
     tmp_path):
-  # Worker 2 stops itself at its 6th round end before posting its row (a
+  # Worker 2 stops itself at the end of round 6 before posting its row (a
   # stop inside a collective would hold everyone, not drop it), is resumed
   # once the chief has dropped it, and stops itself again once its request
   # to rejoin is in the store; it is killed there. The chief must not let

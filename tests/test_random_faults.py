@@ -77,7 +77,7 @@ def _stop_then_kill_at_rejoin(job, victim, stop_s, markers, hold):
   to rejoin is in."""
   arrived = markers / f"arrival-{hold}-w{victim}"
   faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
-                  f"worker {victim} at round end {hold}", job)
+                  f"worker {victim} at the end of round {hold}", job)
   faults.wait_for((markers / f"dropped-w{victim}").exists, 60,
                   f"the chief's drop of worker {victim}", job)
   time.sleep(stop_s / 2)  # the rest of the stall, past the drop

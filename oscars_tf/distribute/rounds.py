@@ -108,7 +108,7 @@ class Rounds:
 
   @py_function_errors.carried
   def _on_arrive(self, step, loss, finite):
-    fault_injection.at_arrival()  # tests stop a worker here
+    fault_injection.at_arrival(self.book.round)  # tests stop a worker here
     part = self.book.arrive(int(step), float(loss), bool(finite))
     return [np.asarray(v, d.as_numpy_dtype)
             for v, d in zip(part, PART_DTYPES)]

@@ -4,7 +4,7 @@
 
     OSCARS_FAULT_HOLD_AT_REJOIN=DIR
     OSCARS_FAULT_HOLD_AT_SAVE=W:DIR
-    OSCARS_FAULT_HOLD_AT_ARRIVAL=N:W:DIR
+    OSCARS_FAULT_HOLD_AT_ARRIVAL=R:W:DIR
 
 Every worker counts the averaging collectives it enters (each
 `GroupAverager.weighted_sum` that runs). At the N-th, each worker writes
@@ -20,8 +20,9 @@ The second: a dropped worker that has asked to rejoin writes
 waiting to rejoin, hit every time. The third: worker W, saving its round
 state, writes `DIR/save-w<W>` and stops itself once its weights are in a
 temporary file, before their rename: a death while saving. The fourth:
-worker W, at its N-th round end, once every worker has reached its N-th,
-writes `DIR/arrival-N-w<W>` and stops itself before its row is posted: a
+worker W, at the end of round R once every worker has reached it (each
+writes `DIR/arrived-R-w<index>` there), writes `DIR/arrival-R-w<W>` and
+stops itself before its row is posted: a
 stall the chief surely drops it for (a stall inside a collective, or
 while a peer still pulls the last one's data from it, holds everyone
 instead); the chief then writes `DIR/dropped-w<W>` as it drops it.
@@ -38,7 +39,6 @@ SAVE_ENV = "OSCARS_FAULT_HOLD_AT_SAVE"
 ARRIVAL_ENV = "OSCARS_FAULT_HOLD_AT_ARRIVAL"
 
 _entered = [0]  # collectives this process has entered
-_arrived = [0]  # round ends this process has reached
 
 
 def _parse(spec):
@@ -87,15 +87,15 @@ def dropped(workers):
         f.write("1")
 
 
-def at_arrival():
-  """Called at each round end, before this worker's row is posted."""
+def at_arrival(round_):
+  """Called at the end of round `round_` (the same number on every
+  member), before this worker's row is posted."""
   spec = os.environ.get(ARRIVAL_ENV)
   if not spec:
     return
   count, worker, directory = _parse(spec)
-  _arrived[0] += 1
   me = _worker_index()
-  if _arrived[0] != count:
+  if round_ != count:
     return
   with open(os.path.join(directory, f"arrived-{count}-w{me}"), "w") as f:
     f.write(str(os.getpid()))
