@@ -49,6 +49,17 @@ def restarted(marker):
   return False
 
 
+def appears(path, timeout, launcher):
+  """Whether `path` exists within `timeout` s (False at once when the
+  launcher has exited)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and launcher.poll() is None:
+    if path.exists():
+      return True
+    time.sleep(0.05)
+  return path.exists()
+
+
 def wait_for(predicate, timeout, what, launcher=None):
   """Polls `predicate` until true; fails at `timeout`, or at once when the
   `launcher` (a Popen) has exited without it, with the job's output."""

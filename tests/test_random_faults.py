@@ -78,14 +78,18 @@ def _stop_then_kill_at_rejoin(job, victim, stop_s, markers, hold):
   arrived = markers / f"arrival-{hold}-w{victim}"
   faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
                   f"worker {victim} at the end of round {hold}", job)
-  faults.wait_for((markers / f"dropped-w{victim}").exists, 60,
-                  f"the chief's drop of worker {victim}", job)
+  if not faults.appears(markers / f"dropped-w{victim}", 30, job):
+    # A peer still inside the last collective with it (TensorFlow's
+    # collectives are pulled) waits for it instead: not dropped, no rejoin.
+    os.kill(int(arrived.read_text()), signal.SIGCONT)
+    return False
   time.sleep(stop_s / 2)  # the rest of the stall, past the drop
   os.kill(int(arrived.read_text()), signal.SIGCONT)
   marker = markers / f"rejoin-w{victim}"
   faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
                   f"worker {victim}'s request to rejoin", job)
   os.kill(int(marker.read_text()), signal.SIGKILL)
+  return True
 
 
 def _kill_in_collective_then_while_saving(job, victim, markers, hold,
@@ -139,7 +143,9 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
       _kill_in_collective_then_while_saving(job, victim, markers, hold,
                                             ckpt)
     elif kind == "rejoin_kill":
-      _stop_then_kill_at_rejoin(job, victim, stop_s, markers, 3 * hold)
+      if not _stop_then_kill_at_rejoin(job, victim, stop_s, markers,
+                                       3 * hold):
+        kind = "stop_waited_out"  # the window was not reached this run
     else:
       faults.wait_for(lambda: faults.epoch_of(ckpt) >= epoch, 150,
                       f"epoch {epoch}", job)
@@ -187,6 +193,8 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
     waited = max(r["wait_s"] + r["comm_s"] for r in result["rounds"])
     assert dropped == [[victim]] or (not dropped and waited > stop_s - 1), (
         what, dropped, waited)
+  elif kind == "stop_waited_out":
+    assert not dropped, (what, dropped)
   elif kind == "rejoin_kill":  # let in never, and no one waited for it
     assert dropped == [[victim]] and not restarted, (what, dropped, err)
     assert not any(victim in e["rejoined"] for e in result["membership"])
@@ -194,7 +202,7 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
     assert "lost-peer restart 1 of" in err, (what, err[-3000:])
     assert result["resumed_from"]["worker"] == 0, (what, result)
     assert not list(ckpt.glob(".tmp-*")), (what, list(ckpt.iterdir()))
-  if kind in ("stop", "nan"):
+  if kind in ("stop", "nan", "stop_waited_out"):
     assert survivors == list(range(WORKERS)), (what, result["membership"])
   assert set(survivors) <= set(finals), (what, finals)
   assert len({tuple(finals[w]) for w in survivors}) == 1, (what, finals)

@@ -1,16 +1,45 @@
 """A local job's layout: its tasks, their ports and TF_CONFIGs, their names."""
 
 import json
+import random
 import socket
 
 
+def _ephemeral_range():
+  """The kernel's range for ports bound to 0 and outgoing connections."""
+  try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range",
+              encoding="ascii") as f:
+      low, high = (int(x) for x in f.read().split())
+    return low, high
+  except (OSError, ValueError):
+    return 32768, 60999
+
+
 def free_ports(n, host="127.0.0.1"):
-  """n distinct free TCP ports on host (bound once, then released)."""
+  """n distinct free TCP ports on host (bound once, then released).
+
+  Drawn below the kernel's ephemeral range where it leaves room: a port
+  the kernel handed out (to a port-0 bind, or to any outgoing connection
+  of another job on the machine) could be taken again between this check
+  and the task's own bind; one below the range is only taken by a
+  process that asks for it by number.
+  """
+  low, _ = _ephemeral_range()
+  candidates = list(range(10000, low)) if low > 12000 else []
+  random.SystemRandom().shuffle(candidates)
   sockets, ports = [], []
   try:
-    for _ in range(n):
+    while len(ports) < n:
       s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind((host, 0))
+      port = candidates.pop() if candidates else 0
+      try:
+        s.bind((host, port))
+      except OSError:
+        s.close()
+        if port == 0:  # not a port in use: the host itself
+          raise
+        continue
       sockets.append(s)
       ports.append(s.getsockname()[1])
   finally:
