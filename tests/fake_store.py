@@ -1,7 +1,10 @@
 """An in-memory stand-in for the coordination service's key-value store,
 and a way to run one thread per simulated worker (protocol tests)."""
 
+import os
 import threading
+
+import pytest
 
 from oscars_tf.protocol import kv_store
 
@@ -36,3 +39,12 @@ def run_threads(fns, timeout=20):
     t.join(timeout)
     assert not t.is_alive(), "a worker thread hung"
   return out, errors
+
+
+def give_to_another_user(path, uid=65534):
+  """chown `path` to `uid`, or skip: it needs root, and a sandbox's user
+  namespace (Bazel's linux-sandbox) may map no other user (EINVAL)."""
+  try:
+    os.chown(path, uid, -1)
+  except OSError as e:
+    pytest.skip(f"cannot give a file to another user here: {e.strerror}")

@@ -17,6 +17,7 @@ import time
 import uuid
 
 import pytest
+from fake_store import give_to_another_user
 from fake_store import FakeStore, run_threads
 
 from oscars_tf.protocol import host_arrivals
@@ -293,6 +294,6 @@ def test_a_row_another_user_wrote_is_not_gathered(tmp_path, caplog):
   forged = leader._path(1, 2)  # pylint: disable=protected-access
   with open(forged, "w", encoding="ascii") as f:
     f.write("forged")
-  os.chown(forged, 65534, -1)
+  give_to_another_user(forged)
   assert 2 not in leader.gather(1, [0, 1, 2])
   assert "owned by uid 65534" in caplog.text

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from fake_store import give_to_another_user
 from fake_store import FakeStore, run_threads
 
 from oscars_tf.protocol import host_relay
@@ -196,7 +197,7 @@ def test_a_file_another_user_wrote_is_not_trusted(tmp_path, caplog):
   forged = leader.path(1)
   with open(forged, "w", encoding="ascii") as f:
     f.write("forged")
-  os.chown(forged, OTHER_UID, -1)
+  give_to_another_user(forged, OTHER_UID)
   assert member.wait(1, time.monotonic() + 5, lambda: True) is None
   assert f"owned by uid {OTHER_UID}" in caplog.text
 
@@ -211,7 +212,7 @@ def test_a_job_directory_made_by_someone_else_is_refused(tmp_path, caplog,
   os.makedirs(directory, exist_ok=True)
   if how == "another user's":
     _needs_root()
-    os.chown(directory, OTHER_UID, -1)
+    give_to_another_user(directory, OTHER_UID)
     says = f"owned by uid {OTHER_UID}"
   else:
     os.chmod(directory, 0o777)
@@ -245,7 +246,7 @@ def test_job_directories_left_long_ago_are_swept_if_the_users_own(tmp_path):
   os.utime(stale, (1, 1))
   os.utime(others, (1, 1))
   if os.geteuid() == 0:
-    os.chown(others, OTHER_UID, -1)
+    give_to_another_user(others, OTHER_UID)
   _bound(tmp_path, 0, "new").write(0, "text")
   assert not stale.exists() and fresh.exists()
   assert others.exists() or os.geteuid() != 0
