@@ -93,11 +93,11 @@ def at_arrival(round_):
   spec = os.environ.get(ARRIVAL_ENV)
   if not spec:
     return
-  count, worker, directory = _parse(spec)
+  held_round, worker, directory = _parse(spec)
   me = _worker_index()
-  if round_ != count:
+  if round_ != held_round:
     return
-  with open(os.path.join(directory, f"arrived-{count}-w{me}"), "w") as f:
+  with open(os.path.join(directory, f"arrived-{round_}-w{me}"), "w") as f:
     f.write(str(os.getpid()))
   if me != worker:
     return
@@ -109,10 +109,10 @@ def at_arrival(round_):
             if j != me]
   deadline = time.monotonic() + 60
   while time.monotonic() < deadline and not all(
-      os.path.exists(os.path.join(directory, f"arrived-{count}-w{j}"))
+      os.path.exists(os.path.join(directory, f"arrived-{round_}-w{j}"))
       for j in others):
     time.sleep(0.01)
-  _stop_once(os.path.join(directory, f"arrival-{count}-w{worker}"))
+  _stop_once(os.path.join(directory, f"arrival-{round_}-w{worker}"))
 
 
 def _enter(spec):

@@ -1,5 +1,6 @@
 """A local job's layout: its tasks, their ports and TF_CONFIGs, their names."""
 
+import errno
 import json
 import random
 import socket
@@ -35,10 +36,10 @@ def free_ports(n, host="127.0.0.1"):
       port = candidates.pop() if candidates else 0
       try:
         s.bind((host, port))
-      except OSError:
+      except OSError as e:
         s.close()
-        if port == 0:  # not a port in use: the host itself
-          raise
+        if port == 0 or e.errno not in (errno.EADDRINUSE, errno.EACCES):
+          raise  # not this port: the host itself
         continue
       sockets.append(s)
       ports.append(s.getsockname()[1])
