@@ -38,10 +38,10 @@ import threading
 import time
 import types
 
-import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
+import numpy as np
 
 import control_plane_summary
 from oscars_tf import schedules
@@ -211,8 +211,10 @@ def measure(n, rng):
   schedule = schedules.Adaptive(grouping=FLAGS.grouping,
                                 max_overshoot=FLAGS.max_overshoot,
                                 min_utilization=FLAGS.min_utilization or None)
-  sampled = sorted({1 + int(x) for x in rng.choice(
-      max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)}) if n > 1 else []
+  sampled = []
+  if n > 1:
+    sampled = sorted({1 + int(x) for x in rng.choice(
+        max(1, n - 1), min(FLAGS.sampled, n - 1), replace=False)})
   faulty = [j for j in range(1, n) if j not in sampled]
   rng.shuffle(faulty)
   deaths = set(faulty[:FLAGS.deaths])
@@ -267,7 +269,7 @@ def measure(n, rng):
     # Sampled workers in threads, the chief here: real round books.
     cpu = {}
 
-    def one_round(j, r=r):
+    def one_round(j, r=r, cpu=cpu):
       b = books[j]
       t0 = time.thread_time()
       step = b.last_sync_step + b.plan.local_steps[j]
@@ -301,14 +303,14 @@ def measure(n, rng):
       leaders[hosts[0]] = 0
       readers = [j for j in readers if leaders.get(hosts[j], j) == j or
                  leaders[hosts[j]] not in now]
-    for j in readers[:1]:
+    for _ in readers[:1]:
       text = store.get(decision_key, 1.0)
       if deltas:
         table_deltas.Changes(text)
       else:
         membership.Decision.decode(text)
     light_cpu = time.thread_time() - t0
-    for j in readers[1:]:
+    for _ in readers[1:]:
       store.get(decision_key, 1.0)
     # The light clients' RPCs while they wait for the decision (SIMULATED
     # waits: from their arrival to the round's latest): a reader's long

@@ -61,10 +61,10 @@ import tempfile
 import time
 import traceback
 
-import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
+import numpy as np
 
 import coordination_tasks
 

@@ -21,10 +21,9 @@ import threading
 import time
 import types
 
-import numpy as np
 from absl import flags
+import numpy as np
 
-import task_measures
 from oscars_tf import cluster
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import host_arrivals
@@ -32,6 +31,7 @@ from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import table_deltas
+import task_measures
 
 flags.DEFINE_integer("clients_per_process", 1,
                      "Light clients per client process, each in its own "

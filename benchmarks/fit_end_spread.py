@@ -71,8 +71,8 @@ import time
 
 from absl import app
 from absl import flags
-import job_log
 
+import job_log
 from oscars_tf import launch
 from oscars_tf.tools import worker_netns
 

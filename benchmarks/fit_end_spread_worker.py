@@ -20,11 +20,11 @@ import json
 import os
 import time
 
+from absl import app
+from absl import flags
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
 
 import oscars_tf
 from oscars_tf.tools import cpu_limits

@@ -66,12 +66,13 @@ def _parts(n, hosts, members, max_leaders):
 def main(argv):
   del argv
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import control_plane_summary  # pylint: disable=g-import-not-at-top
   from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
   from oscars_tf.policy import shard_layout  # pylint: disable=g-import-not-at-top
   from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import averaging  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
-  import control_plane_summary  # pylint: disable=g-import-not-at-top
 
   n = FLAGS.hosts * FLAGS.per_host
   cpu = tf.config.list_physical_devices("CPU")[0]

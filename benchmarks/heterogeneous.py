@@ -164,7 +164,7 @@ def goals(rows):
 
   ratio = accuracy_runs.speedup
 
-  o, s, l = get("hetero", "oscars"), get("hetero", "sync_tf"), get(
+  o, s, loc = get("hetero", "oscars"), get("hetero", "sync_tf"), get(
       "hetero", "local_sgd")
   if o and s:
     out.append(("hetero: oscars vs sync_tf speed-up to target (goal >= 2.5, "
@@ -172,9 +172,9 @@ def goals(rows):
     out.append(("hetero: final accuracy oscars - sync_tf, points (goal >= "
                 "-0.5)", 100 * (o["final_accuracy"] - s["final_accuracy"]),
                 -0.5))
-  if o and l:
+  if o and loc:
     out.append(("hetero: oscars vs best local_sgd speed-up (goal >= 1.3)",
-                ratio(o, l), 1.3))
+                ratio(o, loc), 1.3))
   o, s = get("homogeneous", "oscars"), get("homogeneous", "sync_tf")
   if o and s:
     out.append(("homogeneous: oscars vs sync_tf speed-up (goal >= 1.0)",
@@ -271,7 +271,8 @@ def main(argv):
                 flush=True)
           tried.append(summarize(run_job(strategy, profile, period, outdir),
                                  strategy, profile, period))
-        best = accuracy_runs.best_local_sgd(tried) if strategy == "local_sgd" else tried[0]
+        best = (accuracy_runs.best_local_sgd(tried)
+                if strategy == "local_sgd" else tried[0])
         for r in tried:
           r["chosen"] = r is best
         rows.extend(tried)

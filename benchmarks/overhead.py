@@ -42,6 +42,7 @@ def worker():
   strategy = None
   if FLAGS.mode != "plain":
     import tempfile  # pylint: disable=g-import-not-at-top
+
     import oscars_tf  # pylint: disable=g-import-not-at-top
     every = 10**9 if FLAGS.mode == "oscars" else 8
     strategy = oscars_tf.OscarsStrategy(
@@ -49,6 +50,7 @@ def worker():
         logdir=tempfile.mkdtemp() if FLAGS.mode == "every8_log" else None)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
   workers = strategy.num_workers if strategy else 1
   (x, y), _ = data.synthetic(num_samples=FLAGS.samples * workers,

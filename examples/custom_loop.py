@@ -25,6 +25,7 @@ def main(argv):
   import oscars_tf  # pylint: disable=g-import-not-at-top
   strategy = oscars_tf.OscarsStrategy()  # first: joins the cluster
   import keras  # pylint: disable=g-import-not-at-top
+
   import loops  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   from oscars_tf import data  # pylint: disable=g-import-not-at-top

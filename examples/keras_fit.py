@@ -44,6 +44,7 @@ def main(argv):
       schedule=schedule, optimizer_state=FLAGS.optimizer_state,
       simulate_step_time=FLAGS.simulate_step_time)
   import keras  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
 
   (x, y), (x_test, y_test) = getattr(data, FLAGS.dataset)()

@@ -112,13 +112,10 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
   with _peer_errors(strategy):
     for epoch in range(initial_epoch, epochs):
       total, count = 0.0, 0
+      share = math.ceil(cluster_steps / num_workers)
       if oscars:
         strategy.begin_epoch(cluster_steps, epoch)
-        more = lambda: not strategy.epoch_over
-      else:
-        share = math.ceil(cluster_steps / num_workers)
-        more = lambda: count < share  # pylint: disable=cell-var-from-loop
-      while more():
+      while (not strategy.epoch_over) if oscars else count < share:
         if simulate is not None:
           delay = simulate(worker, step)
           if delay > 0:

@@ -31,16 +31,15 @@ import time
 
 STARTED_AT = time.time()  # before the imports: to measure a restart's cost
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
 
-from oscars_tf import checkpoint
-from oscars_tf import data
-from oscars_tf import flags as oscars_flags
-from oscars_tf.tools import cpu_limits
-
-import models  # examples/models.py; imports Keras only when building
+import models  # noqa: E402  (imports Keras only when building)
+from oscars_tf import checkpoint  # noqa: E402
+from oscars_tf import data  # noqa: E402
+from oscars_tf import flags as oscars_flags  # noqa: E402
+from oscars_tf.tools import cpu_limits  # noqa: E402
 
 flags.DEFINE_enum("dataset", "digits", list(data.NAMES),
                   f"Data set; offline: {', '.join(data.OFFLINE)}; the others "
@@ -183,6 +182,7 @@ def main(argv):
     sys.exit(f"train.py: {e}")
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   import loops  # pylint: disable=g-import-not-at-top
 
   try:
@@ -269,8 +269,8 @@ def main(argv):
     from oscars_tf import simulate as simulate_lib  # pylint: disable=g-import-not-at-top
     profile = simulate_lib.StepTimeProfile.parse(FLAGS.simulate_step_time)
     start = time.monotonic()
-    simulate = lambda w, step: profile.seconds(w, step,
-                                               time.monotonic() - start)
+    def simulate(w, step):
+      return profile.seconds(w, step, time.monotonic() - start)
     logging.warning("SIMULATED heterogeneity: %s", FLAGS.simulate_step_time)
 
   replicas = 1 if ps else loops.local_replicas(strategy)

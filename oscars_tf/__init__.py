@@ -4,9 +4,12 @@ The public API is exported here and only here.
 """
 
 from oscars_tf import schedules
-from oscars_tf.errors import (ClusterConfigError, OscarsError,
-                              PeerTimeoutError, WorkerLostError,
-                              WorkerMismatchError)
+from oscars_tf.errors import ClusterConfigError
+from oscars_tf.errors import OscarsError
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
+from oscars_tf.errors import WorkerMismatchError
+
 
 def __getattr__(name):
   # Lazy so that TensorFlow-free parts (the launcher, the policy) can be

@@ -30,8 +30,8 @@ outer optimizer's state is the chief's, as the model is (startup.py).
 import json
 import os
 
-import numpy as np
 from absl import logging
+import numpy as np
 
 from oscars_tf.distribute import resumed
 from oscars_tf.distribute import round_state

@@ -17,7 +17,10 @@ import dataclasses
 import json
 import os
 import socket
-from typing import Dict, List, Optional, Tuple
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from oscars_tf.errors import ClusterConfigError
 

@@ -22,8 +22,8 @@ from absl import flags
 from oscars_tf import cluster
 from oscars_tf import schedules
 
-STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored", "multi_worker_mirrored",
-              "parameter_server", "default")
+STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored",
+              "multi_worker_mirrored", "parameter_server", "default")
 PERIOD_RULES = ("cost", "adacomm", "quadratic", "divergence", "constant")
 RESOLVERS = ("tf_config", "slurm")
 

@@ -35,14 +35,21 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import app
+from absl import flags
 
 from oscars_tf.errors import WorkerStartError
-from oscars_tf.tools import (command_help, cpu_limits, emulation, netns,
-                             worker_netns)
-from oscars_tf.tools.job_layout import free_ports, tf_configs  # noqa: F401
-from oscars_tf.tools.worker_processes import (  # noqa: F401 (oscars_tf.launch.Job)
-    FORWARDED_SIGNALS, Job, Signals, describe_exit)
+from oscars_tf.tools import command_help
+from oscars_tf.tools import cpu_limits
+from oscars_tf.tools import emulation
+from oscars_tf.tools import netns
+from oscars_tf.tools import worker_netns
+from oscars_tf.tools.job_layout import free_ports  # noqa: F401
+from oscars_tf.tools.job_layout import tf_configs  # noqa: F401
+from oscars_tf.tools.worker_processes import FORWARDED_SIGNALS  # noqa: F401 (oscars_tf.launch.Job)
+from oscars_tf.tools.worker_processes import Job  # noqa: F401 (oscars_tf.launch.Job)
+from oscars_tf.tools.worker_processes import Signals  # noqa: F401 (oscars_tf.launch.Job)
+from oscars_tf.tools.worker_processes import describe_exit  # noqa: F401 (oscars_tf.launch.Job)
 
 FLAGS = flags.FLAGS
 
@@ -250,7 +257,7 @@ def _worker_env():
     try:
       profile = simulate.StepTimeProfile.parse(FLAGS.simulate_step_time)
     except ValueError as e:
-      raise app.UsageError(f"--simulate_step_time: {e}")
+      raise app.UsageError(f"--simulate_step_time: {e}") from None
     for line in profile.describe(FLAGS.num_workers):
       print(f"oscars-launch: {line}", file=sys.stderr)
     env["OSCARS_SIMULATE_STEP_TIME"] = FLAGS.simulate_step_time

@@ -7,10 +7,12 @@ the same answer on every worker. Period rules (policy/period_rules.py) are
 small objects with state passed in and out, composed into `Adaptive`.
 """
 
+import functools
 import hashlib
 import json
 import warnings
 
+from oscars_tf import arguments
 from oscars_tf.policy import period_rules
 from oscars_tf.policy import planner
 
@@ -55,14 +57,11 @@ class Fixed(Schedule):
   """
 
   def __init__(self, every: int = 8, warmup_steps: int = 0):
-    self.every = period_rules.positive_int("every", every, "Fixed")
-    if (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
-        or warmup_steps < 0):
-      raise ValueError("Fixed: `warmup_steps` must be an int >= 0, got "
-                       f"{warmup_steps!r}.")
+    self.every = arguments.positive_int("Fixed", "every", every)
+    arguments.int_at_least("Fixed", "warmup_steps", warmup_steps, 0)
     if every == 1 and warmup_steps:
       warnings.warn("Fixed(every=1) averages every step already; "
-                    "`warmup_steps` has no effect.")
+                    "`warmup_steps` has no effect.", stacklevel=2)
     self.warmup_steps = warmup_steps
 
   def plan(self, table, round_, state=None):
@@ -162,56 +161,43 @@ class Adaptive(Schedule):
     if not hasattr(self.period_rule, "update"):
       raise TypeError("Adaptive: `period_rule` must be CostAware(), "
                       "AdaComm(), QuadraticSync(), DivergenceBand() or "
-                      "Constant(), got "
-                      f"{period_rule!r}.")
-    self.initial_period = period_rules.positive_int("initial_period", initial_period,
-                                        "Adaptive")
-    self.min_period = period_rules.positive_int("min_period", min_period, "Adaptive")
-    self.max_period = period_rules.positive_int("max_period", max_period, "Adaptive")
+                      f"Constant(), got {period_rule!r}.")
+    count = functools.partial(arguments.positive_int, "Adaptive")
+    number = functools.partial(arguments.positive_number, "Adaptive")
+    self.initial_period = count("initial_period", initial_period)
+    self.min_period = count("min_period", min_period)
+    self.max_period = count("max_period", max_period)
     if not self.min_period <= self.initial_period <= self.max_period:
       raise ValueError("Adaptive: need min_period <= initial_period <= "
                        f"max_period, got {min_period}, {initial_period}, "
                        f"{max_period}.")
-    if grouping not in GROUPINGS:
-      raise ValueError(f"Adaptive: `grouping` must be one of {GROUPINGS}, "
-                       f"got {grouping!r}.")
-    if max_group_size is not None and (
-        period_rules.positive_int("max_group_size", max_group_size, "Adaptive") < 2):
-      raise ValueError("Adaptive: `max_group_size` must be None or >= 2, got "
-                       f"{max_group_size!r}.")
-    if weighting not in WEIGHTINGS:
-      raise ValueError(f"Adaptive: `weighting` must be one of {WEIGHTINGS}, "
-                       f"got {weighting!r}.")
-    self.grouping, self.max_group_size = grouping, max_group_size
-    self.max_groupings = (None if max_groupings is None else period_rules.positive_int(
-        "max_groupings", max_groupings, "Adaptive"))
-    self.global_every = period_rules.positive_int("global_every", global_every, "Adaptive")
-    self.max_global_every = period_rules.positive_int("max_global_every",
-                                          max_global_every, "Adaptive")
+    self.grouping = arguments.one_of("Adaptive", "grouping", grouping,
+                                     GROUPINGS)
+    if max_group_size is not None and count("max_group_size",
+                                            max_group_size) < 2:
+      arguments.fail("Adaptive", "max_group_size", "None or >= 2",
+                     max_group_size)
+    self.max_group_size = max_group_size
+    self.max_groupings = (None if max_groupings is None else
+                          count("max_groupings", max_groupings))
+    self.global_every = count("global_every", global_every)
+    self.max_global_every = count("max_global_every", max_global_every)
     self.adaptive_global = bool(adaptive_global)
-    self.divergence_low = period_rules.positive_float("divergence_low", divergence_low,
-                                          "Adaptive")
-    self.divergence_high = period_rules.positive_float("divergence_high", divergence_high,
-                                           "Adaptive")
-    self.weighting = weighting
-    self.straggler_ratio = period_rules.positive_float("straggler_ratio", straggler_ratio,
-                                           "Adaptive")
-    if isinstance(max_staleness, bool) or not isinstance(
-        max_staleness, int) or max_staleness < 0:
-      raise ValueError("Adaptive: `max_staleness` must be an int >= 0, got "
-                       f"{max_staleness!r}.")
-    self.max_staleness = max_staleness
+    self.divergence_low = number("divergence_low", divergence_low)
+    self.divergence_high = number("divergence_high", divergence_high)
+    self.weighting = arguments.one_of("Adaptive", "weighting", weighting,
+                                      WEIGHTINGS)
+    self.straggler_ratio = number("straggler_ratio", straggler_ratio)
+    self.max_staleness = arguments.int_at_least(
+        "Adaptive", "max_staleness", max_staleness, 0)
     if max_overshoot is not None and not (
-        isinstance(max_overshoot, (int, float)) and max_overshoot >= 0):
-      raise ValueError("Adaptive: `max_overshoot` must be None or a number "
-                       f">= 0, got {max_overshoot!r}.")
+        arguments.is_number(max_overshoot) and max_overshoot >= 0):
+      arguments.fail("Adaptive", "max_overshoot", "None or a number >= 0",
+                     max_overshoot)
     self.max_overshoot = max_overshoot
-    if min_utilization is not None and (
-        isinstance(min_utilization, bool) or
-        not isinstance(min_utilization, (int, float)) or
-        not 0 < min_utilization <= 1):
-      raise ValueError("Adaptive: `min_utilization` must be None or a number "
-                       f"in (0, 1], got {min_utilization!r}.")
+    if min_utilization is not None:
+      arguments.number_in("Adaptive", "min_utilization", min_utilization,
+                          0, 1, include_low=False, include_high=True)
     self.min_utilization = min_utilization
 
   def plan(self, table, round_, state=None):
@@ -247,13 +233,10 @@ class OuterMomentum:
   """
 
   def __init__(self, learning_rate=1.0, momentum=0.5, nesterov=True):
-    self.learning_rate = period_rules.positive_float("learning_rate", learning_rate,
-                                         "OuterMomentum")
-    if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
-        or not 0 <= momentum < 1):
-      raise ValueError("OuterMomentum: `momentum` must be in [0, 1), got "
-                       f"{momentum!r}.")
-    self.momentum = float(momentum)
+    self.learning_rate = arguments.positive_number(
+        "OuterMomentum", "learning_rate", learning_rate)
+    self.momentum = arguments.number_in("OuterMomentum", "momentum", momentum,
+                                        0, 1)
     self.nesterov = bool(nesterov)
 
   def config(self):

@@ -20,7 +20,8 @@ Pure Python, no TensorFlow.
 
 import dataclasses
 import re
-from typing import List, Tuple
+from typing import List
+from typing import Tuple
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 

@@ -44,7 +44,7 @@ _spec = importlib.util.spec_from_file_location(
     "oscars_test_startup", os.path.join(STARTUP, "sitecustomize.py"))
 _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # noqa: E402  (after the start-up hooks above)
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(

@@ -55,7 +55,8 @@ class _Cases:
   """Each method feeds `fit` one way; returns the History."""
 
   def __init__(self, keras, tf, strategy, outdir):
-    self.keras, self.tf, self.strategy, self.outdir = keras, tf, strategy, outdir
+    self.keras, self.tf = keras, tf
+    self.strategy, self.outdir = strategy, outdir
     self.x, self.y = _data()
     self.me = strategy.worker_index
 
@@ -326,6 +327,7 @@ class _Cases:
 def main(params):
   keras = _keras(params.get("flavour", "keras3"))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import oscars_tf  # pylint: disable=g-import-not-at-top
   schedule = (oscars_tf.schedules.Fixed(params["every"]) if params.get("every")
               else oscars_tf.schedules.Adaptive())

@@ -13,7 +13,6 @@ import tempfile
 
 import forkserver
 import job_log
-
 from oscars_tf import launch
 
 WORKER_PROGRAM = pathlib.Path(__file__).with_name("worker_programs.py")
@@ -28,8 +27,9 @@ class JobResult:
   outdir: str
 
   def tail(self, n=60):
-    lines = [l for l in self.log.splitlines()
-             if "GRPC error" not in l and "Error received from peer" not in l]
+    lines = [line for line in self.log.splitlines()
+             if "GRPC error" not in line and
+             "Error received from peer" not in line]
     return "\n".join(lines[-n:])
 
 

@@ -19,8 +19,8 @@ def tables(draw, max_workers=24):
   rounds = draw(st.lists(st.integers(-1, 12), min_size=n, max_size=n))
   hosts = draw(st.lists(st.sampled_from("abc"), min_size=n, max_size=n))
   losses = draw(st.lists(st.floats(0.01, 10.0), min_size=n, max_size=n))
-  entries = tuple(records.TableEntry(rate=r, round=k, loss=l)
-                  for r, k, l in zip(rates, rounds, losses))
+  entries = tuple(records.TableEntry(rate=r, round=k, loss=loss)
+                  for r, k, loss in zip(rates, rounds, losses))
   return records.StepRateTable(entries, tuple(hosts))
 
 

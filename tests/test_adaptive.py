@@ -197,7 +197,8 @@ def test_two_hosts_average_within_hosts_then_hierarchically():
   for k, r in enumerate(outs[0]["rounds"][PROBE_ROUNDS:], PROBE_ROUNDS):
     ends = [o["rounds"][k]["end_step"] for o in outs]
     after = [np.asarray(proj[w][ends[w]]) for w in range(4)]
-    same = lambda a, b: np.max(np.abs(after[a] - after[b])) <= 1e-4  # pylint: disable=cell-var-from-loop
+    def same(a, b, after=after):
+      return np.max(np.abs(after[a] - after[b])) <= 1e-4
     if r["global_sync"]:
       kinds.add("global")
       assert same(0, 1) and same(0, 2) and same(0, 3), k

@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from fake_store import FakeStore, run_threads
-from oscars_tf.protocol import agreement
+from fake_store import FakeStore
+from fake_store import run_threads
 from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.protocol import agreement
 
 
 def _workers(store, n, straggler=0.5, decision=5.0):

@@ -9,8 +9,8 @@ import math
 import threading
 import time
 
-from fake_store import FakeStore, run_threads
-
+from fake_store import FakeStore
+from fake_store import run_threads
 from oscars_tf.protocol import arrival_reads
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
@@ -193,9 +193,9 @@ def test_a_job_of_three_hosts_agrees_on_every_row(tmp_path):
       relay=host_relay.HostRelay(HOSTS, i, str(tmp_path), grace_s=5.0))
         for i in range(len(HOSTS))]
   for r in range(4):
-    row = lambda j: [10.0 + j, float(r), 1.0, math.nan, 0.1, 8.0, 1.0, 0.0,
-                     0.1]
-    out, errors = run_threads([lambda w=w: w.exchange(r, row(w.me))
+    def row(j, r=r):
+      return [10.0 + j, float(r), 1.0, math.nan, 0.1, 8.0, 1.0, 0.0, 0.1]
+    out, errors = run_threads([lambda w=w, r=r: w.exchange(r, row(w.me))
                                for w in ws])
     assert errors == [None] * len(ws), errors
     assert len({d.to_json() for d in out}) == 1  # every member agrees

@@ -37,6 +37,7 @@ def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,
 
 def test_fewer_samples_than_workers_is_refused_before_training():
   import keras  # pylint: disable=g-import-not-at-top
+
   from oscars_tf.frontends import fit_inputs  # pylint: disable=g-import-not-at-top
   del keras
   with pytest.raises(ValueError, match="1 training sample"):

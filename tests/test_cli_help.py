@@ -17,8 +17,8 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 from absl import flags
+import pytest
 
 import oscars_tf
 

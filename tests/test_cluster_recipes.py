@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import oscars_tf
 from oscars_tf import cluster
-from oscars_tf.runtime import server
 from oscars_tf.errors import ClusterConfigError
+from oscars_tf.runtime import server
 
 RECIPES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "cluster"
 RESOLVER_KINDS = ("tf_config", "slurm")  # examples/train.py --cluster_resolver
@@ -181,7 +181,7 @@ def _manifest_facts_text(text):
       "container": one(r"^\s+- name:\s*(\S+)\n\s+image:"),
       "ports": {n: int(p) for n, p in re.findall(
           r"^\s+- name:\s*(\S+)\n\s+containerPort:\s*(\d+)", job, re.M)},
-      "command": [l.strip()[2:] for l in command.splitlines()],
+      "command": [line.strip()[2:] for line in command.splitlines()],
       "pod_labels": [_labels(b) for b in re.findall(
           r"^\s+template:\n\s+metadata:\n\s+labels:\n((?:\s+\S+: \S+\n)+)",
           job, re.M)],

@@ -72,6 +72,7 @@ def test_a_worker_task_cannot_run_it():
 
 def test_the_strategy_refuses_a_coordinator_task():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import oscars_tf  # pylint: disable=g-import-not-at-top
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"],

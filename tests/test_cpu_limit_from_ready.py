@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-from oscars_tf.tools import cpu_limits
-
 import fake_cgroups  # tests/fake_cgroups.py
+from oscars_tf.tools import cpu_limits
 
 fake_rmdir = fake_cgroups.fake_rmdir  # a fixture
 
@@ -101,7 +100,7 @@ print("RESULT " + json.dumps({"before": before,
 """
 
 
-def test_real_the_quota_holds_from_ready_and_a_worker_that_never_applies_it_is_named():
+def test_real_quota_holds_from_ready_and_a_worker_never_applying_it_is_named():
   base = fake_cgroups.real_base()
   proc = subprocess.Popen(
       LAUNCH + ["--cpu_limit=0.25", "--cpu_limit_from=ready",

@@ -18,9 +18,8 @@ import time
 
 import pytest
 
-from oscars_tf.tools import cpu_limits
-
 import fake_cgroups  # tests/fake_cgroups.py
+from oscars_tf.tools import cpu_limits
 
 LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
 
@@ -273,9 +272,9 @@ def test_real_a_limited_worker_gets_its_quota_and_the_cgroups_go():
   base = _real_base()
   env = dict(os.environ, CG_BASE=str(base))
   launcher = subprocess.Popen(
-      LAUNCH + ["--cpu_limit=1,0.25", "--num_workers", "2", "--", sys.executable,
-                "-c", BUSY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=env)
+      LAUNCH + ["--cpu_limit=1,0.25", "--num_workers", "2", "--",
+                sys.executable, "-c", BUSY], stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, env=env)
   out, err = launcher.communicate(timeout=120)
   assert launcher.returncode == 0, err
   assert ("oscars-launch: EMULATED CPU limit: worker 1 gets 0.25 CPU "

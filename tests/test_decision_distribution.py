@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from fake_store import FakeStore, run_threads as _run
-
+from fake_store import FakeStore
+from fake_store import run_threads as _run
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import table_deltas
@@ -355,7 +355,7 @@ def test_a_change_within_a_few_tolerances_travels_once_its_mean_is_seen_twice():
   assert cells["value"][1] == np.float32(12 * 0.97)
 
 
-def test_rate_noise_travels_a_fraction_of_the_cells_it_would_without_the_record():
+def test_rate_noise_travels_a_fraction_of_the_cells_it_would_unrecorded():
   # 1,024 members whose measured rates carry 1 % noise every round: the
   # confirmation rule sends several times fewer cells, and the table stays
   # within a few tolerances of the true rates.

@@ -49,7 +49,7 @@ def _run_child(program, timeout=120):
     assert proc.wait(timeout) == 0, lines
   finally:
     proc.kill()
-  return [l for l, _ in lines], time.monotonic() - lines[-1][1]
+  return [line for line, _ in lines], time.monotonic() - lines[-1][1]
 
 
 def test_a_deletion_blocked_in_progress_does_not_hold_the_exit():

@@ -74,7 +74,8 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
   # A state change is logged once, not at every round after it.
   lines = (out + err).splitlines()
   for w in (0, 1, 3):
-    told = [l for l in lines if l.startswith(f"[{w}]") and "dropped [2]" in l]
+    told = [line for line in lines
+            if line.startswith(f"[{w}]") and "dropped [2]" in line]
     assert len(told) == 1, told
   assert "ignoring missing/stale" not in out + err
 
@@ -235,8 +236,8 @@ def test_a_worker_stopped_until_training_ended_says_so_and_the_job_succeeds(
     raise
   assert job.returncode == 0, err[-3000:]
   assert json.loads(result.read_text())["final_members"] == [0, 1]
-  told = [l for l in err.splitlines() if l.startswith("[2]") and
-          "WorkerLostError" in l]
+  told = [line for line in err.splitlines() if line.startswith("[2]") and
+          "WorkerLostError" in line]
   assert told and "the chief's model and checkpoint are the job's result" in (
       told[-1]), err[-3000:]
   assert "UnknownError" not in err, err[-3000:]

@@ -9,10 +9,11 @@ import os
 import pathlib
 import re
 
-import frontend_programs
-import multiworker
 import numpy as np
 import pytest
+
+import frontend_programs
+import multiworker
 
 _TFK_PROGRAM = pathlib.Path(__file__).with_name("frontend_programs.py")
 _TFK_ENV = {"OSCARS_SIMULATE_STEP_TIME": "4ms*1,1,4"}
@@ -35,7 +36,8 @@ def _tfk_cases():
 def tf_keras_matrix(request):
   every = request.param
   cases = [c for c in _tfk_cases() if c not in _TFK_PROGRAM_GAPS]
-  gaps = [c for c in _tfk_cases() if c in _TFK_PROGRAM_GAPS] if not every else []
+  gaps = ([c for c in _tfk_cases() if c in _TFK_PROGRAM_GAPS]
+          if not every else [])
   result = multiworker.run(
       "tf_keras_matrix", _TFK_WORKERS,
       {"flavour": "tf_keras", "cases": cases + gaps, "every": every},

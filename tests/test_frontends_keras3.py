@@ -10,10 +10,11 @@ and about one data set's worth of steps per epoch over the cluster.
 import pathlib
 import re
 
-import frontend_programs
-import multiworker
 import numpy as np
 import pytest
+
+import frontend_programs
+import multiworker
 
 pytestmark = pytest.mark.slow
 

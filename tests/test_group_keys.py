@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from oscars_tf.protocol import group_keys
+from oscars_tf import schedules
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
-from oscars_tf import schedules
+from oscars_tf.protocol import group_keys
 
 
 def test_one_key_per_distinct_group_whatever_the_order_of_members():
@@ -37,7 +37,7 @@ def test_no_two_groups_share_a_key_where_a_hash_collided():
   assert len(set(seen.values())) == len(seen) == len(keys) - 1
 
 
-def test_members_that_saw_the_same_plans_hold_the_same_table_and_a_rejoiner_takes_it():
+def test_members_with_the_same_plans_hold_one_table_and_a_rejoiner_takes_it():
   a, b = group_keys.GroupKeys(6), group_keys.GroupKeys(6)
   plans = [[(0, 1), (2, 3, 4, 5)], [(0, 1, 2), (3, 4, 5)], [(0, 1), (2, 3)]]
   for groups in plans:

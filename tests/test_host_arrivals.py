@@ -17,9 +17,10 @@ import time
 import uuid
 
 import pytest
-from fake_store import give_to_another_user
-from fake_store import FakeStore, run_threads
 
+from fake_store import FakeStore
+from fake_store import give_to_another_user
+from fake_store import run_threads
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import membership

@@ -9,7 +9,6 @@ import sys
 import time
 
 import job_log
-
 from oscars_tf import launch
 
 LAUNCH = [sys.executable, "-m", "oscars_tf.launch", "--network=host"]

@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "oscars_tf"
 
 # Lowest first. A public top-level module sits in the layer it belongs to.
 LAYERS = (
-    ("errors", {"errors", "exit_notes"}),
+    ("errors", {"errors", "exit_notes", "arguments"}),
     ("policy", {"policy", "schedules", "simulate"}),
     ("protocol", {"protocol"}),
     ("runtime", {"runtime", "cluster"}),

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from fake_store import FakeStore, run_threads as _run
-
+from fake_store import FakeStore
+from fake_store import run_threads as _run
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import membership
-from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 
 def _row(worker, rate=10.0):
@@ -73,7 +74,7 @@ def test_a_late_worker_rejoins_at_a_later_round_with_its_rate_before():
     got = []
     for r in range(2, 5):  # the next round lets it back in
       d = [None, None]
-      _, errs = _run([lambda i=i: d.__setitem__(i, ws[i].exchange(
+      _, errs = _run([lambda i=i, d=d, r=r: d.__setitem__(i, ws[i].exchange(
           r, _row(i))) for i in (0, 1)])
       assert errs == [None, None]
       got.append(d[0])
@@ -217,13 +218,14 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
   for r in range(600):
     if r % 50 == 7:  # worker 1 is late: dropped, then back at a later round
       ws[0].straggler_timeout = 0.05
-      _run([lambda: ws[0].exchange(r, _row(0))])
+      _run([lambda r=r: ws[0].exchange(r, _row(0))])
       ws[0].straggler_timeout = 5.0
-      late, errs = _run([lambda: ws[1].exchange(r, _row(1)),
-                         lambda: _rejoin_round(ws[0], store, r + 1)])
+      late, errs = _run([lambda r=r: ws[1].exchange(r, _row(1)),
+                         lambda r=r: _rejoin_round(ws[0], store, r + 1)])
       assert errs == [None, None] and late[0].round == r + 1, errs
     elif r % 50 != 8:
-      _, errs = _run([lambda w=w: w.exchange(r, _row(w.me)) for w in ws])
+      _, errs = _run([lambda w=w, r=r: w.exchange(r, _row(w.me))
+                      for w in ws])
       assert errs == [None, None], errs
   keys = sorted(store.data)
   # Decisions and snapshots kept, `latest`, rows.

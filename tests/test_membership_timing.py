@@ -9,8 +9,8 @@ import math
 import threading
 import time
 
-from fake_store import FakeStore, run_threads as _run
-
+from fake_store import FakeStore
+from fake_store import run_threads as _run
 from oscars_tf.protocol import membership
 
 LATEST = f"{membership.PREFIX}latest"

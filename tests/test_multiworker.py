@@ -347,9 +347,10 @@ def test_a_worker_that_never_starts_is_named_and_the_waiting_one_ended(
   assert (f"worker:{present} stops: the cluster's tasks did not all start "
           f"within 6 s (not listening: {missing})") in proc.stderr
   assert time.monotonic() - start < 90
-  assert not [l for l in subprocess.run(
-      ["ps", "-eo", "args"], capture_output=True, text=True).stdout.split("\n")
-              if "join_watch.py" in l and any(str(p) in l for p in ports)]
+  processes = subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                             text=True).stdout.split("\n")
+  assert not [line for line in processes if "join_watch.py" in line and
+              any(str(p) in line for p in ports)]
 
 
 def _free_port():

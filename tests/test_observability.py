@@ -76,9 +76,9 @@ def test_the_chief_writes_the_table_and_the_plan(logged_run):
 
 def test_timelines_merge_into_one_trace(logged_run):
   _, logdir = logged_run
-  proc = subprocess.run([sys.executable, "-m", "oscars_tf.observability.summaries",
-                         "merge", logdir], capture_output=True, text=True,
-                        timeout=60)
+  proc = subprocess.run(
+      [sys.executable, "-m", "oscars_tf.observability.summaries", "merge",
+       logdir], capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
   events = json.load(open(os.path.join(logdir, "timeline.json")))
   spans = [e for e in events["traceEvents"] if e["ph"] == "X"]
@@ -119,7 +119,7 @@ def tensorboard_url(logged_run):
         break
       except OSError:
         if time.monotonic() > deadline or proc.poll() is not None:
-          raise RuntimeError("tensorboard did not start")
+          raise RuntimeError("tensorboard did not start") from None
         time.sleep(0.5)
     yield url
   finally:
@@ -366,9 +366,10 @@ def test_a_binned_timeline_of_400_workers_in_the_browser():
   """400 workers x 10,000 rounds (synthetic, no TensorBoard: it would take
   minutes to load 40 million points): the binned timeline and the charts'
   bands render with the dashboard's own modules, quickly."""
-  from oscars_tf.observability.dashboard import views  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.observability.dashboard import views  # pylint: disable=g-import-not-at-top
   job = dashboard_helpers.synthetic_job(400, 10_000)
   timeline = views.timeline(job, width=1200)
   url, server = dashboard_helpers.serve_views(

@@ -7,15 +7,17 @@ with hypothesis.
 
 import math
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import pytest
-
-from plan_tables import CONFIGS, tables
 
 from oscars_tf import schedules
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
+from plan_tables import CONFIGS
+from plan_tables import tables
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,17 +7,20 @@ import dataclasses
 import math
 import time
 
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import numpy as np
-
-from hypothesis import example, given, settings, strategies as st
 import pytest
 
-from plan_tables import CONFIGS, tables
-
+from oscars_tf import schedules
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
-from oscars_tf import schedules
+from plan_tables import CONFIGS
+from plan_tables import tables
+
 
 @settings(max_examples=300, deadline=None)
 @given(tables(), CONFIGS, st.integers(0, 12))

@@ -30,8 +30,8 @@ def test_a_nan_worker_is_left_out_reset_and_logged(tmp_path):
              if r["poisoned"])
   assert "worker(s) [1] have non-finite weights" in job.log
   # ... and it shows in TensorBoard.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   acc = event_accumulator.EventAccumulator(
       f"{job.outdir}/tb/worker_0",
       size_guidance={event_accumulator.TENSORS: 0})

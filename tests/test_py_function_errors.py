@@ -10,7 +10,9 @@ multi-process cases).
 import pytest
 import tensorflow as tf
 
-from oscars_tf.errors import OscarsError, PeerTimeoutError, WorkerLostError
+from oscars_tf.errors import OscarsError
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.runtime import averaging
 from oscars_tf.runtime import py_function_errors
 

@@ -7,7 +7,6 @@ import types
 import pytest
 
 from fake_store import FakeStore
-
 from oscars_tf.policy import records
 from oscars_tf.protocol import rate_table
 from oscars_tf.protocol.rate_table import RateMeter

@@ -21,7 +21,6 @@ import pytest
 import faults
 from oscars_tf.runtime import fault_injection
 
-
 TRAIN_ARGS = ["--epochs=10", "--simulate_step_time=20ms*1,1"]
 
 

@@ -14,7 +14,8 @@ import types
 import numpy as np
 import pytest
 
-from fake_store import FakeStore, run_threads
+from fake_store import FakeStore
+from fake_store import run_threads
 from oscars_tf import checkpoint
 from oscars_tf.distribute import startup
 from oscars_tf.errors import WorkerMismatchError

@@ -7,14 +7,15 @@ import types
 
 import pytest
 
-from fake_store import FakeStore, run_threads
+from fake_store import FakeStore
+from fake_store import run_threads
 from oscars_tf import schedules
+from oscars_tf.policy import records
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import plan_log
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_history
 from oscars_tf.protocol import round_parts
-from oscars_tf.policy import records
 
 
 def _info(me, hosts):

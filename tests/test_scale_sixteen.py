@@ -10,9 +10,10 @@ unevenly (6 fast on the first, 2 on the second), so a speed group of 4 must
 cross the hosts: with 4 fast on each (an even/odd layout) grouping by host
 and by speed can give the same groups, and whether one crossed was chance
 (a CI run's speed groups all stayed on their host). An endless tf.data
-stream, 200 steps per worker per epoch (3,200 over the cluster), makes epochs of several rounds
-(the last round of an epoch is a global sync). `max_group_size=4` (16 workers in one speed
-group would average globally every round: nothing to check). Worker 6
+stream, 200 steps per worker per epoch (3,200 over the cluster), makes
+epochs of several rounds (the last round of an epoch is a global sync).
+`max_group_size=4` (16 workers in one speed group would average globally
+every round: nothing to check). Worker 6
 (fast, host 127.0.0.1, not its host's leader) kills itself with SIGKILL in
 the middle of a round of epoch 1 (tests/worker_programs.py
 `_die_mid_round`), as `kill -9` would.

@@ -5,8 +5,8 @@ import warnings
 
 import pytest
 
-from oscars_tf.policy import records
 from oscars_tf import schedules
+from oscars_tf.policy import records
 
 
 def _table(rates, hosts=None):
@@ -67,7 +67,8 @@ def test_policy_protocol_and_tools_import_no_tensorflow():
           " for m in pkgutil.iter_modules(mod.__path__)]\n"
           "for name in names:\n"
           "  importlib.import_module(name)\n"
-          "  assert 'tensorflow' not in sys.modules, name + ' imported tensorflow'\n"
+          "  assert 'tensorflow' not in sys.modules, (\n"
+          "      name + ' imported tensorflow')\n"
           "assert len(names) >= 14, names\n")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

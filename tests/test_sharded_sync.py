@@ -149,7 +149,9 @@ _CASES = {
 def _child(case):
   """Runs one sharded sum with every member a thread; prints JSON."""
   import threading  # pylint: disable=g-import-not-at-top
+
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
   from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
   from oscars_tf.policy import records  # pylint: disable=g-import-not-at-top
@@ -261,6 +263,7 @@ def test_on_gpus_the_host_steps_are_nccl_and_the_rings_grpc():
   the rank order and the gather carry the NCCL hint; the rings and the
   broadcast across hosts go over gRPC ring."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
   from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top

@@ -105,9 +105,11 @@ def test_steps_per_execution(initial_weights):
 def test_per_step_gradient_sum_over_local_replicas(oscars):
   def replica_fn():
     ctx = tf.distribute.get_replica_context()
-    return ctx.all_reduce("SUM", tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
+    replica = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+    return ctx.all_reduce("SUM", replica + 1.0)
   out = oscars.run(tf.function(replica_fn))
-  assert [float(v) for v in oscars.experimental_local_results(out)] == [3.0, 3.0]
+  results = oscars.experimental_local_results(out)
+  assert [float(v) for v in results] == [3.0, 3.0]
 
 
 def test_save_and_restore(oscars, initial_weights, tmp_path):
@@ -299,7 +301,8 @@ def test_outer_momentum_moves_trainable_weights_only():
     w = tf.Variable([1.0, 1.0])
     # Per replica, as Keras' BatchNormalization keeps its moving statistics.
     statistic = tf.Variable(
-        [1.0], trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+        [1.0], trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
         aggregation=tf.VariableAggregation.MEAN)
     opt = keras.optimizers.SGD(1.0)
 

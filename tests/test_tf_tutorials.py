@@ -13,11 +13,11 @@ import pathlib
 import sys
 import time
 
-import job_log
-import multiworker
 import numpy as np
 import pytest
 
+import job_log
+import multiworker
 from oscars_tf import cluster as cluster_lib
 from oscars_tf import launch
 

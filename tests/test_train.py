@@ -14,9 +14,9 @@ import urllib.error
 import numpy as np
 import pytest
 
-from oscars_tf import data
 import fake_cgroups
 import multiworker
+from oscars_tf import data
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TRAIN = str(EXAMPLES / "train.py")
@@ -93,6 +93,7 @@ def test_offline_data_sets_have_their_shapes_and_are_deterministic():
 
 def test_strategy_flags_build_the_schedules_they_name():
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
   from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
   values = flags.FLAGS
@@ -131,6 +132,7 @@ def test_strategy_flags_build_the_schedules_they_name():
 
 def test_averaging_dtype_flag_reaches_oscars_strategies_only():
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
   values = flags.FLAGS
   assert oscars_flags.FLAGS is values  # importing it defined the flags
@@ -211,8 +213,8 @@ def test_compare_prints_both_runs():
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       timeout=240, env=multiworker.worker_env(), check=False)
   assert proc.returncode == 0, proc.stdout[-3000:]
-  rows = [l for l in proc.stdout.splitlines()
-          if l.startswith(("no strategy", "OscarsStrategy"))]
+  rows = [line for line in proc.stdout.splitlines()
+          if line.startswith(("no strategy", "OscarsStrategy"))]
   assert len(rows) == 2, proc.stdout[-2000:]
   for row in rows:
     accuracy = float(row.split()[-4])

@@ -1,6 +1,7 @@
 """TensorFlow's two multi-worker tutorials, with OscarsStrategy as the strategy.
 
-    python tutorial_programs.py keras OUTDIR   # "Multi-worker training with Keras"
+    python tutorial_programs.py keras OUTDIR   # "Multi-worker training with
+                                               #  Keras"
     python tutorial_programs.py ctl OUTDIR     # "Custom training loop with
                                                #  MultiWorkerMirroredStrategy"
 

@@ -136,6 +136,7 @@ def _resume(params, strategy, model):
 def fit(params):
   strategy = _setup(params)
   import keras  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
   (x, y), (xt, yt) = data.digits()
   hidden, dtype = params.get("hidden", 64), None
@@ -186,7 +187,8 @@ def fit(params):
       step_times.append(time.perf_counter() - self._t)
       if params.get("record"):
         stats = strategy.stats()
-        records.append({"step": stats["local_step"], "epoch": self._epoch, "t": time.time(), "dt": step_times[-1],
+        records.append({"step": stats["local_step"], "epoch": self._epoch,
+                        "t": time.time(), "dt": step_times[-1],
                         "syncs": stats["syncs"], "proj": proj(self.model)})
       if me == params.get("slow_worker", -1):
         time.sleep(params["slow_ms"] / 1000.0)
@@ -265,6 +267,7 @@ def sync_equivalence(params):
   """every=1 with plain SGD must equal one-process SGD on joined batches."""
   strategy = _setup(dict(params, every=1))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from oscars_tf import data  # pylint: disable=g-import-not-at-top
   (x, y), _ = data.digits()
   x, y = x[:256], y[:256]
@@ -337,7 +340,9 @@ def soak(params):
   strategy = _setup(dict(params, every=1))
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from oscars_tf.protocol import kv_store, membership  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.protocol import kv_store  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import membership  # pylint: disable=g-import-not-at-top
   with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")

@@ -1,1 +1,2 @@
-"""Strategy glue: OscarsStrategy and its extended, the rounds in the graph, epochs, start-up, outer momentum."""
+"""Strategy glue: OscarsStrategy and its extended, the rounds in the graph,
+epochs, start-up, outer momentum."""

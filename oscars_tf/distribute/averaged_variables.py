@@ -5,7 +5,8 @@ steps update."""
 import numpy as np
 import tensorflow as tf
 
-from oscars_tf.distribute.replicas import component_variables, is_float
+from oscars_tf.distribute.replicas import component_variables
+from oscars_tf.distribute.replicas import is_float
 
 
 def key_of(variables):

@@ -21,7 +21,6 @@ from oscars_tf import errors
 from oscars_tf import exit_notes
 from oscars_tf import schedules as schedules_lib
 
-
 _uncaught_error = threading.Event()
 _peer_lost = threading.Event()
 

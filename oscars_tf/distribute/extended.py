@@ -18,13 +18,13 @@ where those meet TensorFlow's strategy contract:
 
 import atexit
 import contextlib
-import numbers
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tensorflow.python.distribute import mirrored_strategy
 
+from oscars_tf import arguments
 from oscars_tf.distribute import averaged_variables
 from oscars_tf.distribute import control_plane
 from oscars_tf.distribute import epochs as epochs_lib
@@ -34,6 +34,10 @@ from oscars_tf.distribute import replicas
 from oscars_tf.distribute import round_state
 from oscars_tf.distribute import rounds as rounds_lib
 from oscars_tf.distribute import startup
+from oscars_tf.distribute.replicas import (
+  component_variables as _component_variables,
+)
+from oscars_tf.distribute.replicas import is_float as _is_float
 from oscars_tf.observability import summaries
 from oscars_tf.protocol import agreement
 from oscars_tf.protocol import group_keys
@@ -41,8 +45,6 @@ from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
 from oscars_tf.runtime import multi_worker_roles
 from oscars_tf.runtime import py_function_errors
-from oscars_tf.distribute.replicas import component_variables as _component_variables
-from oscars_tf.distribute.replicas import is_float as _is_float
 
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
@@ -63,8 +65,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._averaged = averaged_variables.AveragedVariables(optimizer_state)
     local_devices = replicas.resolve_devices(devices, info)
     super().__init__(container, devices=local_devices)
-    self._host = info.device_prefix() + "/device:CPU:0" if (
-        info.is_multi_worker) else "/job:localhost/replica:0/task:0/device:CPU:0"
+    self._host = (info.device_prefix() + "/device:CPU:0"
+                  if info.is_multi_worker
+                  else "/job:localhost/replica:0/task:0/device:CPU:0")
     device_type = tf.DeviceSpec.from_string(local_devices[0]).device_type
     hosts = [a.rpartition(":")[0] for _, _, a in info.workers]
     self._communication = averaging.choose_communication(
@@ -302,7 +305,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   @property
   def outer(self):
-    """The outer optimizer and its state per variable set (`outer.OuterStates`)."""
+    """The outer optimizer and its state per variable set
+    (`outer.OuterStates`)."""
     return self._outer
 
   @property
@@ -318,11 +322,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
     `plan_changes.quantized`). Every worker must use the same."""
-    if (isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or
-        steps < 1):
-      raise ValueError("OscarsStrategy: compile(steps_per_execution=...) must "
-                       f"be a positive int, got {steps!r}.")
-    self._book.step_quantum = int(steps)
+    self._book.step_quantum = arguments.positive_int(
+        "OscarsStrategy", "compile(steps_per_execution=...)", steps)
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""

@@ -28,8 +28,8 @@ import os
 import re
 import time
 
-import numpy as np
 from absl import logging
+import numpy as np
 
 from oscars_tf.distribute import saved_files
 from oscars_tf.errors import WorkerLostError

@@ -188,8 +188,10 @@ class Rounds:
             lambda: self._hierarchical.weighted_sum(values, part))
 
       if self.book.multi_host:  # a global sync crosses hosts hierarchically
-        grouped = together
-        together = lambda: tf.cond(part.is_global, hierarchical, grouped)  # pylint: disable=unnecessary-lambda-assignment
+        in_group = together
+
+        def together():
+          return tf.cond(part.is_global, hierarchical, in_group)
       averaged = tf.cond(group_size > 1, together,
                          lambda: [tf.identity(v) for v in values])
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),

@@ -12,8 +12,8 @@ import zlib
 
 import numpy as np
 
-from oscars_tf.errors import WorkerMismatchError
 from oscars_tf.distribute.replicas import component_variables
+from oscars_tf.errors import WorkerMismatchError
 
 OPTIMIZER_STATES = ("local", "average")
 

@@ -6,23 +6,24 @@ to `extended.OscarsExtended`.
 
 import os
 
-import numpy as np
-import tensorflow as tf
 from absl import logging
+import tensorflow as tf
 
-from oscars_tf.runtime import averaging
+from oscars_tf import arguments
 from oscars_tf import cluster as cluster_lib
+from oscars_tf import schedules as schedules_lib
+from oscars_tf import simulate as simulate_lib
+from oscars_tf.distribute import replicas
+from oscars_tf.distribute.extended import OscarsExtended
+from oscars_tf.distribute.startup import OPTIMIZER_STATES
 from oscars_tf.errors import ClusterConfigError
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import rate_table
-from oscars_tf.distribute import replicas
+from oscars_tf.runtime import averaging
 from oscars_tf.runtime import server
-from oscars_tf import schedules as schedules_lib
-from oscars_tf import simulate as simulate_lib
-from oscars_tf.distribute.extended import OscarsExtended
-from oscars_tf.distribute.startup import OPTIMIZER_STATES
 
 LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
+OWNER = "OscarsStrategy"  # as argument errors name it
 
 
 # Called, without arguments, whenever a strategy is created: the package
@@ -127,37 +128,26 @@ class OscarsStrategy(tf.distribute.Strategy):
       raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
                       f"such as Adaptive() or Fixed(every=8), got "
                       f"{schedule!r}.")
-    if optimizer_state not in OPTIMIZER_STATES:
-      raise ValueError(f"`optimizer_state` must be one of {OPTIMIZER_STATES}, "
-                       f"got {optimizer_state!r}.")
+    arguments.one_of(OWNER, "optimizer_state", optimizer_state,
+                     OPTIMIZER_STATES)
     if outer_optimizer is not None and not isinstance(
         outer_optimizer, schedules_lib.OuterMomentum):
       raise TypeError("`outer_optimizer` must be None or "
                       "oscars_tf.schedules.OuterMomentum(...), got "
                       f"{outer_optimizer!r}.")
-    if local_replicas not in LOCAL_REPLICAS:
-      raise ValueError(f"`local_replicas` must be one of {LOCAL_REPLICAS}, "
-                       f"got {local_replicas!r}.")
-    if communication not in averaging.COMMUNICATIONS:
-      raise ValueError(f"`communication` must be one of "
-                       f"{averaging.COMMUNICATIONS}, got {communication!r}.")
-    if (isinstance(collective_timeout, bool) or
-        not isinstance(collective_timeout, (int, float)) or
-        not collective_timeout > 0):
-      raise ValueError("`collective_timeout` must be a number of seconds > 0, "
-                       f"got {collective_timeout!r}.")
+    arguments.one_of(OWNER, "local_replicas", local_replicas, LOCAL_REPLICAS)
+    arguments.one_of(OWNER, "communication", communication,
+                     averaging.COMMUNICATIONS)
+    seconds = "a finite number of seconds"
+    collective_timeout = arguments.positive_number(
+        OWNER, "collective_timeout", collective_timeout, seconds)
     if straggler_timeout is None:
       straggler_timeout = min(60.0, collective_timeout)
-    if (isinstance(straggler_timeout, bool) or
-        not isinstance(straggler_timeout, (int, float)) or
-        not 0 < straggler_timeout <= collective_timeout):
-      raise ValueError("`straggler_timeout` must be a number of seconds > 0 "
-                       "and at most `collective_timeout` "
-                       f"({collective_timeout!r}), got {straggler_timeout!r}.")
-    if (isinstance(join_timeout, bool) or
-        not isinstance(join_timeout, (int, float)) or not join_timeout > 0):
-      raise ValueError("`join_timeout` must be a number of seconds > 0, got "
-                       f"{join_timeout!r}.")
+    straggler_timeout = arguments.number_in(
+        OWNER, "straggler_timeout", straggler_timeout, 0, collective_timeout,
+        include_low=False, include_high=True)
+    join_timeout = arguments.positive_number(OWNER, "join_timeout",
+                                             join_timeout, seconds)
     averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
     if simulate_step_time is None:
       simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
@@ -286,11 +276,9 @@ class OscarsStrategy(tf.distribute.Strategy):
     worker that was dropped and rejoined find where the cluster is: see
     `cluster_epoch` and `end_training`.
     """
-    if (isinstance(cluster_steps, bool) or
-        not isinstance(cluster_steps, (int, np.integer)) or cluster_steps < 1):
-      raise ValueError("begin_epoch: `cluster_steps` must be an int >= 1, "
-                       f"got {cluster_steps!r}.")
-    self.extended.epochs.begin_custom(int(cluster_steps), epoch)
+    cluster_steps = arguments.positive_int("begin_epoch", "cluster_steps",
+                                           cluster_steps)
+    self.extended.epochs.begin_custom(cluster_steps, epoch)
 
   def cluster_epoch(self, epoch):
     """The cluster's number for this worker's `epoch`: the same, unless the

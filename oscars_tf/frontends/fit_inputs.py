@@ -21,12 +21,14 @@ shards and streams on `BatchShard` and `OwnBatchOrder`.
 
 import dataclasses
 import itertools
+from typing import Any
+from typing import Callable
+from typing import Optional
 import warnings
-from typing import Any, Callable, Optional
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from oscars_tf.distribute import inputs
 from oscars_tf.frontends import shared_order
@@ -126,7 +128,7 @@ def split_for_worker(flavour, inp, num_workers, index, planned):
   warnings.warn(f"oscars_tf: cannot split a {type(x).__name__} between "
                 "workers; each reads all of it, and each epoch ends when "
                 "every worker's has run out. Give each worker its own data, "
-                "e.g. chosen by strategy.worker_index.")
+                "e.g. chosen by strategy.worker_index.", stacklevel=3)
   return dataclasses.replace(inp, kind=f"unsplit {type(x).__name__}")
 
 

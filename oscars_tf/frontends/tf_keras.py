@@ -22,16 +22,18 @@ worker-local (`_local_batch_counters`).
 import functools
 import inspect
 
-import tensorflow as tf
-import tf_keras
 from absl import logging
+import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
+import tf_keras
 from tf_keras.src import callbacks as callbacks_lib
 from tf_keras.src.distribute import distributed_file_utils
-from tf_keras.src.engine import data_adapter, training
+from tf_keras.src.engine import data_adapter
+from tf_keras.src.engine import training
 from tf_keras.src.mixed_precision import loss_scale_optimizer
 
-from oscars_tf.frontends import method_wrappers, tf_keras_inputs
+from oscars_tf.frontends import method_wrappers
+from oscars_tf.frontends import tf_keras_inputs
 
 _installed = False
 

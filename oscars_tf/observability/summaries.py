@@ -19,9 +19,9 @@ Layout under a log directory:
                      groups (text), stragglers, and on the rounds they happen
                      oscars/events/{dropped,rejoined,poisoned}/worker_<j>
   timeline_worker_<i>.json   compute / wait / communicate spans (Chrome trace
-                     events); `python -m oscars_tf.observability.summaries merge DIR`
-                     joins them into DIR/timeline.json for Perfetto or
-                     chrome://tracing, one row per worker.
+                     events); `python -m oscars_tf.observability.summaries
+                     merge DIR` joins them into DIR/timeline.json for
+                     Perfetto or chrome://tracing, one row per worker.
 """
 
 import glob

@@ -10,20 +10,7 @@ import math
 
 import numpy as np
 
-
-def positive_int(name, value, owner):
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{owner}: `{name}` must be a positive int, got "
-                     f"{value!r}.")
-  return value
-
-
-def positive_float(name, value, owner):
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
-      not math.isfinite(value) or value <= 0):
-    raise ValueError(f"{owner}: `{name}` must be a finite number > 0, got "
-                     f"{value!r}.")
-  return float(value)
+from oscars_tf import arguments
 
 
 class Constant:
@@ -95,9 +82,10 @@ class CostAware:
 
   def __init__(self, max_overhead: float = 0.1, smoothing: float = 0.5,
                base="AdaComm"):
-    self.max_overhead = positive_float("max_overhead", max_overhead,
-                                        "CostAware")
-    self.smoothing = positive_float("smoothing", smoothing, "CostAware")
+    self.max_overhead = arguments.positive_number(
+        "CostAware", "max_overhead", max_overhead)
+    self.smoothing = arguments.positive_number(
+        "CostAware", "smoothing", smoothing)
     if self.max_overhead >= 1 or self.smoothing > 1:
       raise ValueError("CostAware: need 0 < max_overhead < 1 and 0 < "
                        f"smoothing <= 1, got max_overhead={max_overhead!r}, "
@@ -165,9 +153,9 @@ class QuadraticSync:
   """
 
   def __init__(self, beta: float = 0.1, base_period: int = 2):
-    self.beta = positive_float("beta", beta, "QuadraticSync")
-    self.base_period = positive_int("base_period", base_period,
-                                     "QuadraticSync")
+    self.beta = arguments.positive_number("QuadraticSync", "beta", beta)
+    self.base_period = arguments.positive_int(
+        "QuadraticSync", "base_period", base_period)
 
   def update(self, state, table, config):
     del config
@@ -193,9 +181,9 @@ class DivergenceBand:
 
   def __init__(self, low: float = 0.005, high: float = 0.05,
                factor: float = 2.0):
-    self.low = positive_float("low", low, "DivergenceBand")
-    self.high = positive_float("high", high, "DivergenceBand")
-    self.factor = positive_float("factor", factor, "DivergenceBand")
+    self.low = arguments.positive_number("DivergenceBand", "low", low)
+    self.high = arguments.positive_number("DivergenceBand", "high", high)
+    self.factor = arguments.positive_number("DivergenceBand", "factor", factor)
     if self.low >= self.high or self.factor <= 1:
       raise ValueError("DivergenceBand: need low < high and factor > 1, got "
                        f"low={low!r}, high={high!r}, factor={factor!r}.")

@@ -16,12 +16,14 @@ together every round and all workers every `global_every` rounds.
 import dataclasses
 import math
 import statistics
-from typing import Optional, Sequence
+from typing import Optional
+from typing import Sequence
 
 import numpy as np
 
-from oscars_tf.policy.records import Plan, PlannerState, StepRateTable
-
+from oscars_tf.policy.records import Plan
+from oscars_tf.policy.records import PlannerState
+from oscars_tf.policy.records import StepRateTable
 
 PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
 # Groups are at most this large unless the schedule says otherwise: a ring

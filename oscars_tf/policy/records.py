@@ -12,7 +12,6 @@ from typing import Tuple
 
 import numpy as np
 
-
 FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
           "healthy", "exhausted", "sync_cost")
 

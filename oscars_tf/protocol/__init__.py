@@ -1,1 +1,3 @@
-"""Protocol: membership, the rate table, agreed numbers, group keys. No TensorFlow; testable over an in-memory store."""
+"""Protocol: membership, the rate table, agreed numbers, group keys.
+
+No TensorFlow; testable over an in-memory store."""

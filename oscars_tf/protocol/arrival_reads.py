@@ -109,7 +109,7 @@ def read_by_directory(store, prefix, others, rows, deadline, is_gone,
     texts = kv_store.values_unless_gone(
         store, [f"{prefix}{j}" for j in missing],
         min(deadline, time.monotonic() + kv_store.PROBE_EVERY_S),
-        lambda i: is_gone(missing[i]))
+        lambda i, missing=missing: is_gone(missing[i]))
     for j, text in zip(missing, texts):
       if text is not None:
         _take(rows, posted_rows(text, j), wanted)

@@ -2,7 +2,9 @@
 
 import dataclasses
 import json
-from typing import Any, Optional, Tuple
+from typing import Any
+from typing import Optional
+from typing import Tuple
 
 import numpy as np
 

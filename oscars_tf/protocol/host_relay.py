@@ -224,7 +224,8 @@ class HostRelay:
     job's directory (each says so before it looks, so the last sees all)."""
     if self.token is None or not self._directory_usable(create=False):
       return
-    done = lambda j: os.path.join(self.job_directory, f"done-{j}")  # pylint: disable=unnecessary-lambda-assignment
+    def done(j):
+      return os.path.join(self.job_directory, f"done-{j}")
     try:
       self.write_file(done(self.me), "")
     except OSError:

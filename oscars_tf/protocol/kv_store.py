@@ -17,7 +17,6 @@ import time
 from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import service_dir
 
-
 PROBE_EVERY_S = 0.5  # a reader checks a late writer's process this often
 
 
@@ -167,8 +166,8 @@ class ContextStore:
   def __init__(self, service_address=None):
     """`service_address`: "host:port" of the task hosting the service,
     for `read_dir` (None: no directory reads, key by key)."""
-    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     self._dir = (service_dir.DirectoryReader(service_address)
                  if service_address else None)
     self._ctx = context.context()

@@ -42,7 +42,8 @@ from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import rejoin
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.decision import Decision
-from oscars_tf.protocol.kv_store import KeyMissing, put as _put
+from oscars_tf.protocol.kv_store import KeyMissing
+from oscars_tf.protocol.kv_store import put as _put
 
 PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a member's first wait for the decision (then doubled)

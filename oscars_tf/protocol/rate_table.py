@@ -14,8 +14,8 @@ import math
 
 from absl import logging
 
-from oscars_tf.protocol import kv_store
 from oscars_tf.policy import records
+from oscars_tf.protocol import kv_store
 
 KEY_PREFIX = "oscars_tf/table/"
 PUBLISH_EVERY_S = 1.0

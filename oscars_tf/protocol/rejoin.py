@@ -22,10 +22,12 @@ No TensorFlow here.
 
 import time
 
-from oscars_tf.errors import PeerTimeoutError, WorkerLostError
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.decision import Decision
-from oscars_tf.protocol.kv_store import KeyMissing, put
+from oscars_tf.protocol.kv_store import KeyMissing
+from oscars_tf.protocol.kv_store import put
 
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
 

@@ -19,8 +19,8 @@ import dataclasses
 import math
 import time
 
-import numpy as np
 from absl import logging
+import numpy as np
 
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
@@ -173,13 +173,15 @@ class RoundBook:
     # Made only in a round with newcomers, and the state's fields as they
     # are (JSON copies them; asdict's deep copy of up to 16 groupings of
     # every worker took 0.15 s at 10,000 workers).
-    chief_plan = lambda: {  # pylint: disable=unnecessary-lambda-assignment
-        "epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
-        "local_steps": list(self.plan.local_steps),
-        "group_keys": self.group_keys.groups,
-        "state": ({f.name: getattr(state, f.name)
-                   for f in dataclasses.fields(state)}
-                  if dataclasses.is_dataclass(state) else None)}
+    def chief_plan():
+      return {
+          "epoch_end": self.plan.epoch_end, "epoch": self.epoch_index,
+          "local_steps": list(self.plan.local_steps),
+          "group_keys": self.group_keys.groups,
+          "state": ({f.name: getattr(state, f.name)
+                     for f in dataclasses.fields(state)}
+                    if dataclasses.is_dataclass(state) else None)}
+
     decision = self.membership.exchange(
         self.round, row, self.epoch_done, chief_plan=chief_plan,
         expected_s=self._others_still_due_s(),

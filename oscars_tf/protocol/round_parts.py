@@ -6,8 +6,8 @@ its group, key and weights, and across hosts its place in a global sync
 
 from typing import NamedTuple
 
-import numpy as np
 from absl import logging
+import numpy as np
 
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import shard_layout

@@ -1,1 +1,2 @@
-"""TensorFlow runtime: the server and coordination service, the averaging collectives."""
+"""TensorFlow runtime: the server and coordination service, the averaging
+collectives."""

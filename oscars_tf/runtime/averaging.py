@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import py_function_errors
-from oscars_tf.errors import PeerTimeoutError, WorkerLostError
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 # What `averaging_dtype` may be; "float32" (or None) sends each tensor in its
@@ -370,10 +371,10 @@ def peer_errors_explained(what, worker, num_workers, timeout,
                        collectives_only)
     # Raised in a round end's py_function (a peer lost to the protocol,
     # a timeout): as itself, without TensorFlow's UnknownError around it.
-    raised.__suppress_context__ = True
-    raise raised
+    raise raised from None
   except PEER_ERRORS as e:
     _raise_explained(e, what, worker, num_workers, timeout, collectives_only)
+    raise  # not reached: _raise_explained always raises
 
 
 def _raise_explained(e, what, worker, num_workers, timeout, collectives_only):

@@ -68,7 +68,8 @@ class MultiWorkerRoles:
     # the workers that still have data so (`input_lib`, on every worker with
     # a GPU or several devices). Reductions here are worker-local, so it is
     # the worker's own value (MirroredStrategy's rule would fail for SUM).
-    from tensorflow.python.distribute import cross_device_ops, values
+    from tensorflow.python.distribute import cross_device_ops
+    from tensorflow.python.distribute import values
     if (self._cluster.is_multi_worker and tf.is_tensor(value) and
         not isinstance(value, values.DistributedValues)):
       cross_device_ops.validate_destinations(destinations)

@@ -218,7 +218,7 @@ class CpuLimits:
         _write(parent / "cpu.weight", str(min(100 * n, 10_000)))
       else:
         _write(parent / "cpu.shares", str(min(1024 * n, 262_144)))
-      for i, limit in enumerate(self.limits):
+      for i in range(len(self.limits)):
         step = "create"
         path = parent / f"worker-{i}"
         os.mkdir(path)

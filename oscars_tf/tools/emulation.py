@@ -10,10 +10,10 @@ are removed however the job ends. Imports no TensorFlow.
 import contextlib
 import sys
 
-from oscars_tf.tools import cpu_limits, worker_netns
+from oscars_tf.tools import cpu_limits
+from oscars_tf.tools import worker_netns
 from oscars_tf.tools.job_layout import cluster_tasks
 from oscars_tf.tools.worker_processes import compose
-
 
 BANDWIDTH_ENV = "OSCARS_BANDWIDTH"  # a worker's link rate, as given
 

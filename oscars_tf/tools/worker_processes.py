@@ -20,9 +20,12 @@ import threading
 import time
 
 from oscars_tf import exit_notes
-from oscars_tf.errors import PEER_LOST_EXIT_CODE, WorkerStartError
+from oscars_tf.errors import PEER_LOST_EXIT_CODE
+from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import job_guard
-from oscars_tf.tools.job_layout import cluster_tasks, task_name, tf_configs
+from oscars_tf.tools.job_layout import cluster_tasks
+from oscars_tf.tools.job_layout import task_name
+from oscars_tf.tools.job_layout import tf_configs
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

@@ -18,7 +18,9 @@ to the wall time of `oscars/comm_s` (written just after the round ended).
 
 import dataclasses
 import re
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 

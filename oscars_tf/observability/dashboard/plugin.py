@@ -28,12 +28,11 @@ For every round of a long job start it with
 import os
 import threading
 
-from werkzeug import wrappers
-
 from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
 
 from oscars_tf.observability.dashboard import job_data
 from oscars_tf.observability.dashboard import views
