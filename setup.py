@@ -21,7 +21,7 @@ setuptools.setup(
     },
     package_data={"oscars_tf.observability.dashboard": ["static/*.js"]},
     entry_points={
-        "console_scripts": ["oscars-launch=oscars_tf.launch:run"],
+        "console_scripts": ["oscars-launch=oscars_tf.cli.launch:run"],
         "tensorboard_plugins": [
             "oscars = oscars_tf.observability.dashboard.plugin:OscarsPlugin"],
     },

@@ -29,7 +29,7 @@ def run_job(name, launcher_args, train_args, outdir, timeout):
   """Runs `oscars-launch launcher_args -- train.py train_args`; returns
   train.py's result (its --result_json) with the job's wall time added."""
   result = os.path.join(outdir, name + ".json")
-  command = ([sys.executable, "-m", "oscars_tf.launch",
+  command = ([sys.executable, "-m", "oscars_tf.cli.launch",
               f"--timeout={timeout}"] + list(launcher_args) +
              ["--", sys.executable, TRAIN] + list(train_args) +
              [f"--result_json={result}"])

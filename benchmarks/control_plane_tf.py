@@ -10,7 +10,8 @@ chief's process and one process per `--clients_per_process` light clients
 coordination service set up as a job sets it up (runtime/server.py: worker
 0 hosts it, recoverable jobs). Worker 0, the chief, runs the REAL round
 book (membership decision, planning, history) over
-`kv_store.ContextStore`. The other N-1 are light clients: each posts its
+`coordination_store.ContextStore`. The other N-1 are light clients: each
+posts its
 row under the membership's arrival key and reads the round's decision with
 a `ContextStore`, as a member does, but plans nothing. Rates are SIMULATED
 (lognormal, seeded). With one client per process (the default) every
@@ -36,10 +37,10 @@ reads the round's changes and passes them to the host's others in a file
 (protocol/host_relay.py): the real code on both sides.
 
 `--dedicated_service` hosts the service in one more process, the
-cluster's `coordinator` task (oscars_tf/coordinator.py), instead of in the
+cluster's `coordinator` task (oscars_tf/cli/coordinator.py), instead of in the
 chief's: its CPU per slot is then reported apart ("service ms").
 The chief reads each round's arrivals in directory reads of the service
-(GetKeyValueDir over gRPC: protocol/service_dir.py, arrival_reads.py);
+(GetKeyValueDir over gRPC: runtime/service_dir.py, arrival_reads.py);
 `--read_dir=false` reads them key by key, as before 2026-12-03.
 
 Per N: the chief's round CPU time (`time.process_time`: all its threads,

@@ -3,7 +3,8 @@ a process of light clients, over TensorFlow's real coordination service.
 
 control_plane_tf.py starts these (its `--task_out` says a process is one);
 TF_CONFIG says which task it is. Task 0 is the chief: the REAL round book
-(membership decision, planning, history) over `kv_store.ContextStore`, for
+(membership decision, planning, history) over
+`coordination_store.ContextStore`, for
 N logical workers. Every other task runs `--clients_per_process` light
 clients, each in its own thread over the process's one service client: a
 light client posts its row under the membership's arrival key and reads
@@ -31,6 +32,7 @@ from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import table_deltas
+from oscars_tf.runtime import coordination_store
 import task_measures
 
 flags.DEFINE_integer("clients_per_process", 1,
@@ -48,7 +50,7 @@ flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
                   list(membership.DISTRIBUTIONS),
                   "How members get the round's table (membership.py).")
 flags.DEFINE_integer("concurrent_reads",
-                     kv_store.ContextStore.concurrent_reads,
+                     coordination_store.ContextStore.concurrent_reads,
                      "Reads the chief has in flight at once (1: one by one).")
 flags.DEFINE_integer("death_round", -1, "Round in which the last client "
                      "exits before posting its row (-1: none).")
@@ -124,7 +126,7 @@ def run_task():
   n = FLAGS.workers_total or tasks
   server.start(info, heartbeat_timeout_s=FLAGS.start_timeout_s,
                register_timeout_s=FLAGS.start_timeout_s)
-  shared = kv_store.ContextStore(
+  shared = coordination_store.ContextStore(
       info.service_address if FLAGS.read_dir else None)
   rates = np.random.default_rng(FLAGS.seed).lognormal(0.0, FLAGS.sigma, n)
   rates *= 10.0  # steps per second, SIMULATED
@@ -188,7 +190,7 @@ def _service_task(info):
   # The launcher stops a server task once the workers are done: this one
   # still has its measurements to write (within the launcher's grace).
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  store = kv_store.ContextStore()
+  store = coordination_store.ContextStore()
   t0 = float(store.get(f"{BENCH}start", FLAGS.start_timeout_s))
   slots = {}
   _sleep_until(t0)

@@ -14,7 +14,7 @@ iterator as `fit` returned) are what this benchmark watches. Goal: every
 run under 1 s, for both the `fit` ends and the process exits.
 
 Every job runs a plain Keras 3 script (fit_end_spread_worker.py) on real
-worker processes started through oscars_tf.launch, under the default
+worker processes started through oscars_tf.cli.launch, under the default
 OscarsStrategy() (Adaptive) and under schedules.Fixed(every=1) (synchronous
 training, the baseline). Each worker records the wall-clock time
 (time.time(): one clock, one machine) when it calls fit, at each epoch end,
@@ -73,7 +73,7 @@ from absl import app
 from absl import flags
 
 import job_log
-from oscars_tf import launch
+from oscars_tf.cli import launch
 from oscars_tf.tools import worker_netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,9 +202,9 @@ _EXITS = re.compile(r"their exits (\d+\.\d+) s apart")
 
 
 def run_launched(profile, schedule, input_kind, outdir):
-  """A job through `python -m oscars_tf.launch`; (ok, log, exit spread)."""
+  """A job through `python -m oscars_tf.cli.launch`; (ok, log, exit spread)."""
   p = PROFILES[profile]
-  command = [sys.executable, "-m", "oscars_tf.launch",
+  command = [sys.executable, "-m", "oscars_tf.cli.launch",
              f"--num_workers={p.workers}", f"--timeout={FLAGS.timeout}"]
   command += list(p.launcher)
   if profile == "loopback" and FLAGS.loopback_step_time:
@@ -219,7 +219,7 @@ def run_launched(profile, schedule, input_kind, outdir):
 
 
 def run_slow_links(schedule, input_kind, outdir, spaces):
-  """A job through oscars_tf.launch.Job, worker i in namespace i; (ok,
+  """A job through oscars_tf.cli.launch.Job, worker i in namespace i; (ok,
   log, exit spread)."""
   env = _env()
   if FLAGS.slow_links_step_time:

@@ -1,6 +1,6 @@
 """One worker of a fit_end_spread.py job: a plain Keras 3 script with the
 strategy line changed (the driver starts it on every worker through
-oscars_tf.launch). It writes when fit started, each epoch ended, training
+oscars_tf.cli.launch). It writes when fit started, each epoch ended, training
 ended and fit returned, by time.time(), to <outdir>/worker_<i>.json.
 
 Models (--model):

@@ -115,7 +115,7 @@ def worker():
 
 def _run(mode, processes, cluster):
   """Runs `processes` workers at once; returns their results."""
-  from oscars_tf import launch  # pylint: disable=g-import-not-at-top
+  from oscars_tf.cli import launch  # pylint: disable=g-import-not-at-top
   tmp = tempfile.mkdtemp(prefix="oscars_overhead_")
   configs = launch.tf_configs(processes) if cluster else [None] * processes
   procs = []

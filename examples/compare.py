@@ -36,7 +36,7 @@ def _run(strategy, workers, outdir):
              f"--epochs={FLAGS.epochs}", f"--dataset={FLAGS.dataset}",
              f"--model={FLAGS.model}", f"--result_json={result}"]
   if workers > 1:
-    command = [sys.executable, "-m", "oscars_tf.launch",
+    command = [sys.executable, "-m", "oscars_tf.cli.launch",
                f"--num_workers={workers}", f"--timeout={FLAGS.timeout}",
                "--"] + command
   proc = subprocess.run(command, stdout=subprocess.PIPE,

@@ -4,7 +4,7 @@
         --dataset=digits --model=cnn --epochs=10
 
 Strategy flags (--strategy, --period, --period_rule, ...) come from
-`oscars_tf.flags`; run with --helpfull to list them. The batch size is per
+`oscars_tf.cli.flags`; run with --helpfull to list them. The batch size is per
 worker. With --checkpoint_dir, the chief saves the averaged model, the
 optimizer and the outer optimizer's state after every epoch (atomically) and a
 later run resumes from the last one (every worker reads it: use a shared file
@@ -38,7 +38,7 @@ from absl import logging  # noqa: E402
 import models  # noqa: E402  (imports Keras only when building)
 from oscars_tf import checkpoint  # noqa: E402
 from oscars_tf import data  # noqa: E402
-from oscars_tf import flags as oscars_flags  # noqa: E402
+from oscars_tf.cli import flags as oscars_flags  # noqa: E402
 from oscars_tf.tools import cpu_limits  # noqa: E402
 
 flags.DEFINE_enum("dataset", "digits", list(data.NAMES),

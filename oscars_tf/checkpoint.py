@@ -31,7 +31,6 @@ import json
 import os
 
 from absl import logging
-import numpy as np
 
 from oscars_tf.distribute import resumed
 from oscars_tf.distribute import round_state
@@ -81,8 +80,8 @@ def save(model, directory, epoch, strategy=None):
   outer = _outer_state(strategy)
   if outer is not None:
     state["outer"] = _outer_name(epoch)
-    write_outer_npz(outer, os.path.join(directory, state["outer"]),
-                    tmp + ".npz")
+    saved_files.write_outer_npz(
+        outer, os.path.join(directory, state["outer"]), tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
   saved_files.replace(tmp + ".json", os.path.join(directory, STATE))
@@ -159,35 +158,5 @@ def _restore_outer(state, directory, strategy):
                     "the strategy has no outer optimizer: not used.",
                     directory)
     return
-  with np.load(os.path.join(directory, state["outer"])) as saved:
-    strategy.restore_outer_state(_from_npz_dict(
-        {k: saved[k] for k in saved.files}))
-
-
-def write_outer_npz(sets, path, tmp):
-  """Writes outer optimizer state `sets` (see `OscarsStrategy.outer_state`)
-  to `path` through `tmp` and an atomic rename."""
-  with open(tmp, "wb") as f:
-    np.savez(f, **_to_npz_dict(sets))
-  saved_files.replace(tmp, path)
-
-
-def _to_npz_dict(sets):
-  """[(starts, momenta)] per set -> flat {name: array} for np.savez."""
-  out = {}
-  for j, (starts, momenta) in enumerate(sets):
-    out.update({f"{j}.start.{i}": a for i, a in enumerate(starts)})
-    out.update({f"{j}.momentum.{i}": a for i, a in enumerate(momenta)})
-  return out
-
-
-def _from_npz_dict(arrays):
-  """The inverse of `_to_npz_dict`."""
-  sets = {}
-  for name in arrays:
-    j, kind, i = name.split(".")
-    sets.setdefault(int(j), {"start": {}, "momentum": {}})[kind][int(i)] = (
-        arrays[name])
-  return [tuple([parts[kind][i] for i in sorted(parts[kind])]
-                for kind in ("start", "momentum"))
-          for _, parts in sorted(sets.items())]
+  strategy.restore_outer_state(saved_files.read_outer_npz(
+      os.path.join(directory, state["outer"])))

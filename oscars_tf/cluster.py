@@ -7,7 +7,7 @@ instead of a hang or a traceback from inside TensorFlow's runtime.
 Workers are the tasks of the `chief` and `worker` jobs, chief first (the same
 numbering as `MultiWorkerMirroredStrategy`); worker 0 is the chief. An
 optional `coordinator` job of one task hosts TensorFlow's coordination
-service instead of the chief (`python -m oscars_tf.coordinator`), so that
+service instead of the chief (`python -m oscars_tf.cli.coordinator`), so that
 at hundreds of workers the chief's process does not serve every worker's
 requests.
 `connection_refused` tells whether a worker's process is gone.
@@ -29,7 +29,7 @@ COORDINATOR_JOB = "coordinator"
 COORDINATOR_TASK_TRAINS_NOT = (
     "this task is the cluster's 'coordinator': it hosts TensorFlow's "
     "coordination service and trains nothing. Run `python -m "
-    "oscars_tf.coordinator` there instead of the training script "
+    "oscars_tf.cli.coordinator` there instead of the training script "
     "(oscars-launch --coordinator does).")
 
 

@@ -79,7 +79,7 @@ def wait_for(predicate, timeout, what, launcher=None):
 def launch(num_workers, train_args, launcher_args=(), prefix=None, env=None):
   """Starts `oscars-launch ... -- python train.py ...`; returns the Popen.
   `env`: variables added to the job's environment."""
-  command = [sys.executable, "-m", "oscars_tf.launch",
+  command = [sys.executable, "-m", "oscars_tf.cli.launch",
              f"--num_workers={num_workers}", "--grace_seconds=2",
              *launcher_args, "--", sys.executable, TRAIN, *train_args]
   return subprocess.Popen(command, stdout=subprocess.PIPE,

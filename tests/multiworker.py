@@ -13,7 +13,7 @@ import tempfile
 
 import forkserver
 import job_log
-from oscars_tf import launch
+from oscars_tf.cli import launch
 
 WORKER_PROGRAM = pathlib.Path(__file__).with_name("worker_programs.py")
 

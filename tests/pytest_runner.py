@@ -19,7 +19,7 @@ def main(argv):
   root = (os.path.join(srcdir, workspace) if srcdir and workspace
           else os.getcwd())
   # The tests start worker processes (`sys.executable worker_programs.py`,
-  # `python -m oscars_tf.launch`, TensorBoard with the oscars plugin) that
+  # `python -m oscars_tf.cli.launch`, TensorBoard with the oscars plugin) that
   # import oscars_tf: from the runfiles, not from an installed copy.
   path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
   os.environ["PYTHONPATH"] = os.pathsep.join([root] + path)

@@ -130,8 +130,8 @@ def test_help_shows_usage_and_every_flag_with_its_default(script, module,
 
 def test_the_launcher_lists_its_flags_by_section():
   # Its sections, in order, each non-empty; every flag in exactly one.
-  from oscars_tf import launch  # pylint: disable=g-import-not-at-top
-  proc = subprocess.run([sys.executable, "-m", "oscars_tf.launch", "-h"],
+  from oscars_tf.cli import launch  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, "-m", "oscars_tf.cli.launch", "-h"],
                         capture_output=True, text=True, timeout=60,
                         check=False)
   blocks = _flag_blocks(proc.stdout)
@@ -139,12 +139,12 @@ def test_the_launcher_lists_its_flags_by_section():
     assert names and all(blocks.get(n, (None,))[0] == title
                         for n in names), (title, proc.stdout)
   listed = [n for _, names in launch.SECTIONS for n in names]
-  assert sorted(listed) == sorted(_defined_flags("oscars_tf.launch"))
+  assert sorted(listed) == sorted(_defined_flags("oscars_tf.cli.launch"))
 
 
 def test_help_after_the_separator_belongs_to_the_worker():
   proc = subprocess.run(
-      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=1",
+      [sys.executable, "-m", "oscars_tf.cli.launch", "--num_workers=1",
        "--network=host", "--", sys.executable, "-c",
        "import sys; print('argv', sys.argv[1:])", "-h", "--help"],
       capture_output=True, text=True, timeout=60, check=False)

@@ -283,7 +283,7 @@ def _train_py_commands():
 def test_recipes_pass_only_flags_train_py_defines():
   root = RECIPES.parents[1]
   defined = set()
-  for path in ("examples/train.py", "oscars_tf/flags.py"):
+  for path in ("examples/train.py", "oscars_tf/cli/flags.py"):
     defined |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"",
                               (root / path).read_text()))
   commands = _train_py_commands()

@@ -25,7 +25,7 @@ def _alive(pid):
 
 
 # --dedicated_service: the service in a `coordinator` task of its own
-# (oscars_tf/coordinator.py's setup), not in the chief's process.
+# (oscars_tf/cli/coordinator.py's setup), not in the chief's process.
 @pytest.mark.parametrize("dedicated", [False, True])
 def test_four_tasks_over_the_real_service_measure_and_end(tmp_path,
                                                           dedicated):

@@ -1,4 +1,4 @@
-"""The coordinator task (oscars_tf/coordinator.py, oscars-launch
+"""The coordinator task (oscars_tf/cli/coordinator.py, oscars-launch
 --coordinator): who may run it, when it stops, and how a job's processes
 treat it. The real job with one is in test_faults.py."""
 
@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from oscars_tf import coordinator
+from oscars_tf.cli import coordinator
 from oscars_tf.tools import worker_processes
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 
 
 def _gone_sequence(*answers):
@@ -62,7 +62,7 @@ def test_a_worker_task_cannot_run_it():
   env = dict(os.environ, TF_CONFIG=json.dumps({
       "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
       "task": {"type": "worker", "index": 1}}))
-  proc = subprocess.run([sys.executable, "-m", "oscars_tf.coordinator"],
+  proc = subprocess.run([sys.executable, "-m", "oscars_tf.cli.coordinator"],
                         env=env, capture_output=True, text=True, timeout=60,
                         check=False)
   assert proc.returncode == 1
@@ -79,7 +79,7 @@ def test_the_strategy_refuses_a_coordinator_task():
                            "coordinator": ["localhost:3"]}),
       task_type="coordinator", task_id=0, rpc_layer="grpc")
   with pytest.raises(oscars_tf.errors.ClusterConfigError,
-                     match="python -m oscars_tf.coordinator"):
+                     match="python -m oscars_tf.cli.coordinator"):
     oscars_tf.OscarsStrategy(cluster_resolver=resolver)
 
 

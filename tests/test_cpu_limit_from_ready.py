@@ -17,7 +17,7 @@ from oscars_tf.tools import cpu_limits
 
 fake_rmdir = fake_cgroups.fake_rmdir  # a fixture
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 
 
 def _pending(env):

@@ -21,7 +21,7 @@ import pytest
 import fake_cgroups  # tests/fake_cgroups.py
 from oscars_tf.tools import cpu_limits
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 
 
 _real_base = fake_cgroups.real_base

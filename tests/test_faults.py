@@ -153,7 +153,7 @@ def _coordinator_of(launcher):
         parent = int(f.read().rpartition(")")[2].split()[1])
     except (OSError, ValueError, IndexError):
       continue
-    if parent == launcher.pid and "oscars_tf.coordinator" in argv:
+    if parent == launcher.pid and "oscars_tf.cli.coordinator" in argv:
       return int(pid)
   return None
 

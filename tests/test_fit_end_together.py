@@ -42,7 +42,7 @@ def quota_job(tmp_path_factory):
              TF_NUM_INTRAOP_THREADS="1", PYTHONUNBUFFERED="1")
   env.pop("TF_CONFIG", None)
   proc = subprocess.run(
-      [sys.executable, "-m", "oscars_tf.launch", f"--num_workers={WORKERS}",
+      [sys.executable, "-m", "oscars_tf.cli.launch", f"--num_workers={WORKERS}",
        f"--cpu_limit={QUOTAS}", "--cpu_limit_from=ready", "--timeout=300",
        "--", sys.executable, str(WORKER), "--model=text_lm", "--input=text",
        "--epochs=4", f"--outdir={outdir}"],

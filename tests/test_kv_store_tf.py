@@ -1,5 +1,5 @@
-"""kv_store.ContextStore on TensorFlow's real coordination service: what
-the protocol relies on (membership.py deletes a whole round of arrivals
+"""coordination_store.ContextStore on TensorFlow's real coordination service:
+what the protocol relies on (membership.py deletes a whole round of arrivals
 with one call, a directory delete; the chief reads them in one directory
 read, or key by key from threads). Runs a one-task cluster in a child
 process: a process joins one cluster only."""
@@ -20,6 +20,7 @@ _CHILD = textwrap.dedent("""
     from tensorflow.python.eager import context
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from oscars_tf.protocol import kv_store
+    from oscars_tf.runtime import coordination_store
 
     s = socket.socket(); s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]; s.close()
@@ -33,7 +34,7 @@ _CHILD = textwrap.dedent("""
         cluster=spec.as_cluster_def(), job_name="worker", task_index=0,
         protocol="grpc", port=port,
         default_session_config=copy.deepcopy(context.context().config)))
-    store = kv_store.ContextStore(f"127.0.0.1:{port}")
+    store = coordination_store.ContextStore(f"127.0.0.1:{port}")
     for j in range(3):
       store.set(f"m/a/5/{j}", str(j))
     store.set("m/a/50", "another round")
@@ -71,10 +72,11 @@ _CHILD = textwrap.dedent("""
         f"m/a/7/{j}": f"row {j}" for j in range(40)}
     assert store.read_dir("m/a/8", 1.0) == {}
     # No address: no directory reads (the chief reads key by key).
-    assert kv_store.ContextStore().read_dir("m/a/7", 1.0) is None
+    assert coordination_store.ContextStore().read_dir("m/a/7", 1.0) is None
     # A service that is not there: None, not an error (the key-by-key
     # reads then say what is wrong).
-    assert kv_store.ContextStore("127.0.0.1:1").read_dir("m/a/7", 0.5) is None
+    unserved = coordination_store.ContextStore("127.0.0.1:1")
+    assert unserved.read_dir("m/a/7", 0.5) is None
     print("OK")
 """)
 

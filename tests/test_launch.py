@@ -12,11 +12,11 @@ import time
 import pytest
 
 from oscars_tf import errors
-from oscars_tf import launch
+from oscars_tf.cli import launch
 from oscars_tf.tools import netns
 from oscars_tf.tools import worker_processes
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 WORKER = ("import json, os, sys, time; "
           "c = json.loads(os.environ['TF_CONFIG']); i = c['task']['index']; ")
 

@@ -19,7 +19,7 @@ import pytest
 import faults
 from oscars_tf.tools import worker_netns
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 MBYTES = 4
 
 

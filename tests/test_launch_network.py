@@ -10,7 +10,7 @@ import pytest
 
 from oscars_tf.tools import netns
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch"]
 # The worker says which network namespace it is in, and which interfaces.
 NAMESPACE_OF_WORKER = (
     "import os, socket; print('netns', os.stat('/proc/self/ns/net').st_ino, "

@@ -9,9 +9,9 @@ import sys
 import time
 
 import job_log
-from oscars_tf import launch
+from oscars_tf.cli import launch
 
-LAUNCH = [sys.executable, "-m", "oscars_tf.launch", "--network=host"]
+LAUNCH = [sys.executable, "-m", "oscars_tf.cli.launch", "--network=host"]
 # Each task writes pid_<type><index> and (chief aside) serves until stopped:
 # worker tasks write sig_<type><index> on SIGTERM and exit; ps tasks ignore
 # SIGTERM, so only SIGKILL stops them. The chief waits for every task's pid

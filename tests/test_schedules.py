@@ -59,7 +59,7 @@ def test_policy_protocol_and_tools_import_no_tensorflow():
   # TensorFlow-free modules.
   code = ("import importlib, pkgutil, sys, oscars_tf\n"
           "names = ['oscars_tf.schedules', 'oscars_tf.simulate',"
-          " 'oscars_tf.launch', 'oscars_tf.data', 'oscars_tf.checkpoint',"
+          " 'oscars_tf.cli.launch', 'oscars_tf.data', 'oscars_tf.checkpoint',"
           " 'oscars_tf.frontends.shared_order']\n"
           "for pkg in ('policy', 'protocol', 'tools'):\n"
           "  mod = importlib.import_module('oscars_tf.' + pkg)\n"

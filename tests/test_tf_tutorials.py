@@ -19,7 +19,7 @@ import pytest
 import job_log
 import multiworker
 from oscars_tf import cluster as cluster_lib
-from oscars_tf import launch
+from oscars_tf.cli import launch
 
 pytestmark = pytest.mark.timeout(420)
 

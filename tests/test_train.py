@@ -1,7 +1,7 @@
 """The training binary examples/train.py, its flags, data sets and loops.
 
 Multi-worker runs are real processes over gRPC on loopback, launched the way
-users launch them (oscars_tf.launch), each with a hard timeout.
+users launch them (oscars_tf.cli.launch), each with a hard timeout.
 """
 
 import json
@@ -94,8 +94,8 @@ def test_offline_data_sets_have_their_shapes_and_are_deterministic():
 def test_strategy_flags_build_the_schedules_they_name():
   from absl import flags  # pylint: disable=g-import-not-at-top
 
-  from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
   from oscars_tf import schedules  # pylint: disable=g-import-not-at-top
+  from oscars_tf.cli import flags as oscars_flags  # pylint: disable=g-import-not-at-top
   values = flags.FLAGS
   try:
     values(["prog", "--strategy=local_sgd", "--period=4",
@@ -133,7 +133,7 @@ def test_strategy_flags_build_the_schedules_they_name():
 def test_averaging_dtype_flag_reaches_oscars_strategies_only():
   from absl import flags  # pylint: disable=g-import-not-at-top
 
-  from oscars_tf import flags as oscars_flags  # pylint: disable=g-import-not-at-top
+  from oscars_tf.cli import flags as oscars_flags  # pylint: disable=g-import-not-at-top
   values = flags.FLAGS
   assert oscars_flags.FLAGS is values  # importing it defined the flags
   try:
@@ -226,7 +226,7 @@ def _ps_job(tmp_path, simulate, *train_flags):
   chief's result)."""
   result = tmp_path / "ps.json"
   proc = subprocess.run(
-      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
+      [sys.executable, "-m", "oscars_tf.cli.launch", "--num_workers=2",
        "--num_ps=1", "--grace_seconds=3", "--timeout=400",
        f"--simulate_step_time={simulate}", "--", sys.executable, TRAIN,
        "--strategy=parameter_server", "--dataset=digits", "--model=mlp",
@@ -286,7 +286,7 @@ def test_cpu_limit_from_ready_applies_at_the_first_training_step(
   fake_cgroups.real_base()  # skips without usable cgroups
   result = tmp_path / "limited.json"
   proc = subprocess.run(
-      [sys.executable, "-m", "oscars_tf.launch", "--num_workers=2",
+      [sys.executable, "-m", "oscars_tf.cli.launch", "--num_workers=2",
        "--cpu_limit=1,0.5", "--cpu_limit_from=ready", "--timeout=300", "--",
        sys.executable, TRAIN, f"--strategy={strategy}", "--dataset=digits",
        "--model=mlp", "--epochs=1", f"--result_json={result}"],

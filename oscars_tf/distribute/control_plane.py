@@ -7,8 +7,8 @@ from typing import Optional
 from oscars_tf import cluster as cluster_lib
 from oscars_tf.protocol import agreement
 from oscars_tf.protocol import host_relay
-from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership as membership_lib
+from oscars_tf.runtime import coordination_store
 from oscars_tf.runtime import fault_injection
 
 
@@ -24,7 +24,7 @@ def connect(info, hosts, straggler_timeout, collective_timeout):
     return ControlPlane(None, None)
   # The chief reads each round's arrivals in directory reads (over gRPC).
   service = info.service_address if info.rpc_layer == "grpc" else None
-  store = kv_store.ContextStore(service)
+  store = coordination_store.ContextStore(service)
   addresses = [a for _, _, a in info.workers]
 
   def is_gone(j):  # its server refuses connections: dropped at once

@@ -29,6 +29,7 @@ from oscars_tf.distribute import averaged_variables
 from oscars_tf.distribute import control_plane
 from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import inputs
+from oscars_tf.distribute import multi_worker_roles
 from oscars_tf.distribute import outer as outer_lib
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import round_state
@@ -43,7 +44,6 @@ from oscars_tf.protocol import agreement
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
-from oscars_tf.runtime import multi_worker_roles
 from oscars_tf.runtime import py_function_errors
 
 

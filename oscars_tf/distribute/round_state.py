@@ -47,7 +47,6 @@ def save(model, directory, position, outer=None):
   `optimizer_step`), and the outer optimizer's state `outer` if any (see
   `OscarsStrategy.outer_state`), as the round state of that worker; returns
   the state."""
-  from oscars_tf import checkpoint  # pylint: disable=g-import-not-at-top
   worker, step = int(position["worker"]), int(position["optimizer_step"])
   os.makedirs(directory, exist_ok=True)
   name = f"round-w{worker}-step{step}.weights.h5"
@@ -58,8 +57,8 @@ def save(model, directory, position, outer=None):
   state = dict(position, weights=name)
   if outer is not None:
     state["outer"] = f"round-w{worker}-step{step}.outer.npz"
-    checkpoint.write_outer_npz(outer, os.path.join(directory, state["outer"]),
-                               tmp + ".npz")
+    saved_files.write_outer_npz(
+        outer, os.path.join(directory, state["outer"]), tmp + ".npz")
   with open(tmp + ".json", "w") as f:
     json.dump(state, f)
   saved_files.replace(tmp + ".json",

@@ -21,6 +21,8 @@ import contextlib
 import os
 import re
 
+import numpy as np
+
 from oscars_tf.errors import OscarsError
 
 
@@ -99,3 +101,38 @@ def check_names(state, source):
     if state.get(key) is not None:
       plain_name(state[key], source)
   return state
+
+
+def write_outer_npz(sets, path, tmp):
+  """Writes outer optimizer state `sets` (see `OscarsStrategy.outer_state`)
+  to `path` through `tmp` and an atomic rename."""
+  with open(tmp, "wb") as f:
+    np.savez(f, **_to_npz_dict(sets))
+  replace(tmp, path)
+
+
+def _to_npz_dict(sets):
+  """[(starts, momenta)] per set -> flat {name: array} for np.savez."""
+  out = {}
+  for j, (starts, momenta) in enumerate(sets):
+    out.update({f"{j}.start.{i}": a for i, a in enumerate(starts)})
+    out.update({f"{j}.momentum.{i}": a for i, a in enumerate(momenta)})
+  return out
+
+
+def read_outer_npz(path):
+  """The outer optimizer state `write_outer_npz` wrote to `path`."""
+  with np.load(path) as saved:
+    return _from_npz_dict({k: saved[k] for k in saved.files})
+
+
+def _from_npz_dict(arrays):
+  """The inverse of `_to_npz_dict`."""
+  sets = {}
+  for name in arrays:
+    j, kind, i = name.split(".")
+    sets.setdefault(int(j), {"start": {}, "momentum": {}})[kind][int(i)] = (
+        arrays[name])
+  return [tuple([parts[kind][i] for i in sorted(parts[kind])]
+                for kind in ("start", "momentum"))
+          for _, parts in sorted(sets.items())]

@@ -17,9 +17,9 @@ from oscars_tf.distribute import replicas
 from oscars_tf.distribute.extended import OscarsExtended
 from oscars_tf.distribute.startup import OPTIMIZER_STATES
 from oscars_tf.errors import ClusterConfigError
-from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import rate_table
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import coordination_store
 from oscars_tf.runtime import server
 
 LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
@@ -338,4 +338,5 @@ class OscarsStrategy(tf.distribute.Strategy):
     finished a round. One-worker clusters have no table."""
     if not self.cluster.is_multi_worker:
       return []
-    return rate_table.read_all(kv_store.ContextStore(), self.num_workers)
+    return rate_table.read_all(coordination_store.ContextStore(),
+                               self.num_workers)

@@ -22,8 +22,8 @@ names it a newcomer (rejoin.py); in that round it takes its group's model
 (weight 0).
 
 No TensorFlow here: the store is anything with `set`, `get` and `delete`
-(kv_store.ContextStore is TensorFlow's coordination service; tests use a
-dict).
+(runtime/coordination_store.ContextStore is TensorFlow's coordination
+service; tests use a dict).
 """
 
 import base64

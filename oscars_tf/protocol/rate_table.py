@@ -55,7 +55,7 @@ class RateMeter:
 
 
 def publish(store, worker, entry: records.TableEntry, plan_digest: str):
-  """Writes this worker's row to `store` (a kv_store.ContextStore)."""
+  """Writes this worker's row to `store` (a coordination_store.ContextStore)."""
   kv_store.put(store, f"{KEY_PREFIX}{worker}", json.dumps({
       "rate": entry.rate, "round": entry.round, "loss": entry.loss,
       "divergence": entry.divergence, "learning_rate": entry.learning_rate,

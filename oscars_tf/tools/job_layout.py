@@ -54,7 +54,7 @@ def cluster_tasks(num_workers, num_ps=0, coordinator=False):
 
   Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
   MultiWorkerMirroredStrategy), and with `coordinator` last the task that
-  hosts the coordination service (oscars_tf/coordinator.py). With ps
+  hosts the coordination service (oscars_tf/cli/coordinator.py). With ps
   tasks: ParameterServerStrategy's cluster, the chief (the coordinator)
   first, then the workers, then the ps.
   """

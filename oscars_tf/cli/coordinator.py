@@ -1,4 +1,4 @@
-"""python -m oscars_tf.coordinator: the task that hosts a job's
+"""python -m oscars_tf.cli.coordinator: the task that hosts a job's
 coordination service, so that the chief's process does not.
 
 A cluster may have a `coordinator` job of one task beside its `chief` and
@@ -7,7 +7,7 @@ A cluster may have a `coordinator` job of one task beside its `chief` and
     TF_CONFIG='{"cluster": {"worker": ["h0:2222", "h1:2222"],
                             "coordinator": ["h2:2222"]},
                 "task": {"type": "coordinator", "index": 0}}' \\
-        python -m oscars_tf.coordinator
+        python -m oscars_tf.cli.coordinator
 
 That task then hosts TensorFlow's coordination service (the key-value store
 the rounds' rows and decisions go through, and every task's heartbeats),
@@ -49,7 +49,7 @@ flags.DEFINE_float("poll", 0.5, "Seconds between checks that the chief's "
                    "process is still there.", lower_bound=0.01)
 FLAGS = flags.FLAGS
 
-USAGE = ("python -m oscars_tf.coordinator [flags]  (TF_CONFIG: the "
+USAGE = ("python -m oscars_tf.cli.coordinator [flags]  (TF_CONFIG: the "
          "cluster's coordinator task)")
 DESCRIPTION = (
     "Hosts a job's coordination service as the cluster's `coordinator` "
@@ -122,7 +122,7 @@ def main(argv):
     code = serve(info, FLAGS.register_timeout, FLAGS.heartbeat_timeout,
                  FLAGS.poll)
   except ClusterConfigError as e:
-    print(f"oscars_tf.coordinator: error: {e}", file=sys.stderr)
+    print(f"oscars_tf.cli.coordinator: error: {e}", file=sys.stderr)
     return 1
   sys.stdout.flush()
   sys.stderr.flush()

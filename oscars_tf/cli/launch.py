@@ -46,10 +46,10 @@ from oscars_tf.tools import netns
 from oscars_tf.tools import worker_netns
 from oscars_tf.tools.job_layout import free_ports  # noqa: F401
 from oscars_tf.tools.job_layout import tf_configs  # noqa: F401
-from oscars_tf.tools.worker_processes import FORWARDED_SIGNALS  # noqa: F401 (oscars_tf.launch.Job)
-from oscars_tf.tools.worker_processes import Job  # noqa: F401 (oscars_tf.launch.Job)
-from oscars_tf.tools.worker_processes import Signals  # noqa: F401 (oscars_tf.launch.Job)
-from oscars_tf.tools.worker_processes import describe_exit  # noqa: F401 (oscars_tf.launch.Job)
+from oscars_tf.tools.worker_processes import FORWARDED_SIGNALS  # noqa: F401 (oscars_tf.cli.launch.Job)
+from oscars_tf.tools.worker_processes import Job  # noqa: F401 (oscars_tf.cli.launch.Job)
+from oscars_tf.tools.worker_processes import Signals  # noqa: F401 (oscars_tf.cli.launch.Job)
+from oscars_tf.tools.worker_processes import describe_exit  # noqa: F401 (oscars_tf.cli.launch.Job)
 
 FLAGS = flags.FLAGS
 
@@ -91,7 +91,7 @@ def define_flags(flag_values=FLAGS):
       "coordinator", False, "Start one more task, the cluster's "
       "`coordinator` (log prefix [coordinator]), that hosts TensorFlow's "
       "coordination service instead of the chief (python -m "
-      "oscars_tf.coordinator): then the chief's process does not serve "
+      "oscars_tf.cli.coordinator): then the chief's process does not serve "
       "every worker's requests, which matters at hundreds of workers. It "
       "trains nothing; it is stopped when the workers are done, and its "
       "death ends the job as the chief's does. Not with ps tasks or an "
@@ -245,7 +245,7 @@ def _isolate(argv):
           "pass --network=host to silence this.", file=sys.stderr)
     return
   os.environ[netns.ENV] = "1"
-  os.execv(prefix[0], prefix + [sys.executable, "-m", "oscars_tf.launch"] +
+  os.execv(prefix[0], prefix + [sys.executable, "-m", "oscars_tf.cli.launch"] +
            argv[1:])
 
 
@@ -277,7 +277,7 @@ def _coordinator_command():
   if FLAGS.num_workers < 2:
     raise app.UsageError("--coordinator: needs --num_workers of 2 or more "
                          "(one worker has no coordination service).")
-  return [sys.executable, "-m", "oscars_tf.coordinator"]
+  return [sys.executable, "-m", "oscars_tf.cli.coordinator"]
 
 
 def _run(command):

@@ -4,7 +4,7 @@ Importing this module defines the flags, so a user's own absl binary gets
 them with one import:
 
     from absl import app
-    from oscars_tf import flags as oscars_flags
+    from oscars_tf.cli import flags as oscars_flags
 
     def main(argv):
       strategy = oscars_flags.make_strategy()   # before any other TF op
