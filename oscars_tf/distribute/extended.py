@@ -322,8 +322,10 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
     `plan_changes.quantized`). Every worker must use the same."""
-    self._book.step_quantum = arguments.positive_int(
-        "OscarsStrategy", "compile(steps_per_execution=...)", steps)
+    if not arguments.is_int(steps) or steps < 1:
+      raise ValueError("OscarsStrategy: compile(steps_per_execution=...) must "
+                       f"be a positive int, got {steps!r}.")
+    self._book.step_quantum = int(steps)
 
   def needs_sync(self):
     """True when a step ran since the last averaging point (eager)."""

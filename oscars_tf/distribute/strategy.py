@@ -143,9 +143,11 @@ class OscarsStrategy(tf.distribute.Strategy):
         OWNER, "collective_timeout", collective_timeout, seconds)
     if straggler_timeout is None:
       straggler_timeout = min(60.0, collective_timeout)
-    straggler_timeout = arguments.number_in(
-        OWNER, "straggler_timeout", straggler_timeout, 0, collective_timeout,
-        include_low=False, include_high=True)
+    if not (arguments.is_number(straggler_timeout) and
+            0 < straggler_timeout <= collective_timeout):
+      arguments.fail(OWNER, "straggler_timeout", "a number of seconds > 0 and "
+                     f"at most `collective_timeout` ({collective_timeout})",
+                     straggler_timeout)
     join_timeout = arguments.positive_number(OWNER, "join_timeout",
                                              join_timeout, seconds)
     averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
