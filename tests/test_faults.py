@@ -5,7 +5,7 @@ on loopback, SIMULATED step times so that rounds are long enough to hit,
 and a hard bound on every wait. The chief drops a worker that is not at its
 round end within --straggler_timeout, or at once when its process is gone
 (its server refuses connections); the others go on (see membership.py).
-Numbers these tests print feed the reliability table in README.md.
+Numbers these tests print feed the reliability tables in docs/reliability.md.
 """
 
 import json

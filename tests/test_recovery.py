@@ -37,7 +37,7 @@ def undisturbed(tmp_path_factory):
 
 # Worker 0: the chief's death always takes this path. Worker 1 with
 # --nokeep_going: how a dead worker comes back into the job (a restarted
-# process cannot rejoin running collectives; see README, Reliability).
+# process cannot rejoin running collectives; see docs/reliability.md).
 @pytest.mark.parametrize("victim, launcher_args", [
     (0, []), (1, ["--nokeep_going"])])
 def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,

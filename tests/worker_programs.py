@@ -108,7 +108,7 @@ def _die_mid_round(strategy, params):
   """kill -9 of this worker while it computes: between its round's second
   step and its last, so no averaging collective or round decision that
   needs it is in flight (a death inside a collective takes the restart
-  path, README Reliability). A file marks the moment for the test."""
+  path, docs/reliability.md). A file marks the moment for the test."""
   import signal  # pylint: disable=g-import-not-at-top
   history = strategy.round_history
   done = strategy.stats()["local_step"] - (

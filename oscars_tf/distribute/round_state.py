@@ -2,7 +2,7 @@
 
 A worker killed while the others are inside an averaging collective with it
 aborts their collectives for good (TensorFlow 2.21 cannot reset them in a
-running process: see README, Reliability), so the job must restart. Before
+running process: see docs/reliability.md), so the job must restart. Before
 the error leaves a survivor, `Keeper.save` writes its model (weights and
 optimizer, Keras `save_weights`) and its position to the checkpoint
 directory:

@@ -306,7 +306,7 @@ class Job:
     collective: a worker was killed by a signal, and `failed` (the chief, or
     another member of that collective) and any other that exited did so
     with PEER_LOST_EXIT_CODE, their collectives aborted by that death (see
-    README, Reliability)."""
+    docs/reliability.md)."""
     codes = self.exited
     # Only a worker's death is a lost peer: the coordinator task's (or
     # another server's) ends the job, even when the workers' 75s, which
