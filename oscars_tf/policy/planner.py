@@ -7,7 +7,7 @@ is in a round, never what the plan is. `Plan.digest()` is the short hash
 workers log every round to show it. The table and plan are in records.py;
 how a round's events change its plan, in plan_changes.py.
 
-Words (DESIGN.md): a *round* ends at an averaging point; worker i runs
+Words (docs/DESIGN.md): a *round* ends at an averaging point; worker i runs
 `local_steps[i] ≈ rate_i · T` steps in it, so fast and slow workers arrive
 together; the time budget `T` comes from a period rule; *groups* average
 together every round and all workers every `global_every` rounds.
