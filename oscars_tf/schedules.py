@@ -93,10 +93,12 @@ class Adaptive(Schedule):
   """Oscars: rounds of equal time, local steps by speed, adaptive period.
 
   Each round has a time budget T = period / (fastest rate); worker i runs
-  k_i = floor(rate_i * T) >= 1 local steps, so all workers reach the
-  averaging point together and no one idles. Groups (same host first, then
-  similar speed) average every round; all workers every `global_every`
-  rounds (adapted to the measured divergence). See planner.plan.
+  k_i = round(rate_i * T) >= 1 local steps, then as many whole steps as end
+  by the round's latest planned arrival, so all workers reach the averaging
+  point together and none idles a whole step of its own. Groups (same host
+  first, then similar speed) average every round; all workers every
+  `global_every` rounds (adapted to the measured divergence). See
+  planner.plan.
 
   Args (defaults work without tuning):
     period_rule: CostAware() (default: AdaComm's period, never shorter than

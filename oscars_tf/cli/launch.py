@@ -184,7 +184,7 @@ def define_flags(flag_values=FLAGS):
                     "When --cpu_limit applies. start: from the worker's "
                     "first instruction, as Kubernetes does. ready: once the "
                     "worker calls oscars_tf.tools.cpu_limits.apply_pending() "
-                    "(examples/train.py does after joining the cluster), "
+                    "(examples/train.py does after its first training step), "
                     "like a start-up CPU boost: TensorFlow's start-up takes "
                     "seconds instead of minutes under small limits. The "
                     "launcher warns about a worker that never applied it.",

@@ -111,7 +111,7 @@ def _cut(sizes):
 
 def shard_layout(hosts, members, max_leaders=None):
   """The ShardLayout of a global sync of `members`, or None: with one host,
-  a host of one member, or a host of more than twice the fewest members
+  a host of one member, or a host of twice the fewest members or more
   (those syncs go leader by leader, plan_changes.host_part)."""
   by_host = {}
   for i in sorted(members):

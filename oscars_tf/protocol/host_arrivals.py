@@ -1,8 +1,8 @@
 """The round's arrivals read once per host: the host's leader gathers them.
 
-The chief reads every member's row from the store at each round end, one
-key at a time (TensorFlow's Python API has no directory read), and over
-the real coordination service each read costs the chief's process about
+The chief reads every member's row from the store at each round end (in
+directory reads where the service answers them, else key by key), and
+over the real coordination service each key read costs the chief's process about
 0.3 ms of CPU: a third of a second a round at 1,024 workers
 (benchmarks/control_plane_tf.py). Every post is an RPC its process serves
 too. On a job of several hosts the members of a host share its file
