@@ -96,3 +96,26 @@ def test_a_member_whose_process_is_gone_is_not_waited_for():
                              lambda: other.gather(4, (0, 1, 2), [2.0])],
                             timeout=10)
   assert errors == [None, None] and out[0] == out[1] == {0: [1.0], 1: [2.0]}
+
+
+def test_the_chief_leaves_an_exchange_only_once_every_other_has_read():
+  # The chief hosts the store: leaving first (e.g. to raise on a mismatch)
+  # would take it away from a worker still reading.
+  store = FakeStore()
+  chief, other = _workers(store, 2, decision=30.0)
+  base = f"{agreement.PREFIX}exchange/x/0"
+  out = {}
+  thread = threading.Thread(
+      target=lambda: out.update(chief=chief.exchange("x", "a", (0, 1))))
+  thread.start()
+  store.set(f"{base}/1", "b")  # worker 1's text, posted but not yet read
+  thread.join(timeout=0.5)
+  assert thread.is_alive(), "the chief left before worker 1 had read"
+  store.set(f"{base}/read/1", "1")  # worker 1 has read
+  thread.join(timeout=30)
+  assert not thread.is_alive() and out["chief"] == {0: "a", 1: "b"}
+  # A worker says so once it has read.
+  got, errors = run_threads([lambda w=w: w.exchange("y", str(w.me), (0, 1))
+                             for w in (chief, other)])
+  assert errors == [None, None] and got[1] == {0: "0", 1: "1"}
+  assert f"{agreement.PREFIX}exchange/y/0/read/1" in store.data

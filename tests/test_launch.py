@@ -521,6 +521,14 @@ def _wait_until_dead(workers, timeout):
   return alive
 
 
+def _signals_as_in_a_terminal():
+  """The forwarded signals at their defaults in the launcher: a suite run
+  under `nohup` (or in the background) would pass SIGHUP (SIGINT) ignored
+  down to it, and the launcher rightly keeps an ignored signal ignored."""
+  for sig in (signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("network", ["host", "auto"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT,
                                  signal.SIGHUP, signal.SIGKILL],
@@ -534,7 +542,8 @@ def test_a_signal_to_the_launcher_stops_every_worker(sig, network, tmp_path):
         LAUNCH + [f"--network={network}", "--num_workers=3",
                   f"--grace_seconds={_GRACE}", "--", sys.executable, "-c",
                   _PID_WORKER, str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        preexec_fn=_signals_as_in_a_terminal)
   workers = []
   try:
     workers = _wait_for_workers(tmp_path, 3, launcher)

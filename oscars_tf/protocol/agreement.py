@@ -69,10 +69,20 @@ class Agreements:
     base = f"{PREFIX}exchange/{name}/{index}"
     self.store.set(f"{base}/{self.me}", text)
     others = [j for j in workers if j != self.me]
+    deadline = time.monotonic() + self.decision_timeout
     texts = kv_store.values_unless_gone(
-        self.store, [f"{base}/{j}" for j in others],
-        time.monotonic() + self.decision_timeout,
+        self.store, [f"{base}/{j}" for j in others], deadline,
         lambda i: self.is_gone(others[i]))
+    # The chief hosts the coordination service: it leaves only once every
+    # other worker has read, or a worker that stops on what it read (a
+    # mismatch) would take the service away from a slower reader, which
+    # would then see a lost service instead of the mismatch.
+    if self.me == 0:
+      kv_store.values_unless_gone(
+          self.store, [f"{base}/read/{j}" for j in others], deadline,
+          lambda i: self.is_gone(others[i]))
+    else:
+      self.store.set(f"{base}/read/{self.me}", "1")
     return {self.me: text, **dict(zip(others, texts))}
 
   def _next_index(self, round_):
