@@ -38,6 +38,7 @@ import time
 from absl import app
 from absl import flags
 
+from oscars_tf.cli import launch_attempts
 from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import command_help
 from oscars_tf.tools import cpu_limits
@@ -76,6 +77,13 @@ QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_VERBOSITY": "ERROR"}
 def define_flags(flag_values=FLAGS):
   """Defines the launcher's flags (see SECTIONS) in `flag_values`."""
   fv = {"flag_values": flag_values}
+  for define in (_cluster_flags, _recovery_flags, _networking_flags,
+                 _emulation_flags):
+    define(fv)
+
+
+def _cluster_flags(fv):
+  """SECTIONS' cluster: the tasks of the job, its timeout, its logging."""
   flags.DEFINE_integer("num_workers", 2, "Number of worker processes.",
                        lower_bound=1, **fv)
   flags.DEFINE_integer(
@@ -105,6 +113,10 @@ def define_flags(flag_values=FLAGS):
       "start-up noise unless TF_CPP_MIN_LOG_LEVEL is already set in the "
       "environment; given explicitly, the flag wins. GRPC_VERBOSITY=ERROR "
       "is set too unless already set.", lower_bound=0, upper_bound=3, **fv)
+
+
+def _recovery_flags(fv):
+  """SECTIONS' recovery: what a worker's death or failure does."""
   flags.DEFINE_boolean("keep_going", True, "When a worker other than the "
                        "chief is killed by a signal, the others drop it and "
                        "finish training without it (OscarsStrategy's "
@@ -133,6 +145,10 @@ def define_flags(flag_values=FLAGS):
                      "launcher gets SIGTERM, SIGINT or SIGHUP) before "
                      "SIGKILL. A second signal to the launcher cuts it "
                      "short.", lower_bound=0, **fv)
+
+
+def _networking_flags(fv):
+  """SECTIONS' networking: where the workers listen, and their links."""
   flags.DEFINE_enum("network", "auto", ["auto", "isolated", "host",
                                         "emulated"],
                     "isolated: run the job in a private network namespace "
@@ -166,6 +182,10 @@ def define_flags(flag_values=FLAGS):
                       "get links at the fastest worker's rate. Passed to "
                       "each worker as OSCARS_BANDWIDTH. Empty: links not "
                       "shaped.", **fv)
+
+
+def _emulation_flags(fv):
+  """SECTIONS' emulation: SIMULATED and EMULATED heterogeneity."""
   flags.DEFINE_string("simulate_step_time", "",
                       "SIMULATED heterogeneity: a per-worker delay added to "
                       "each training step, e.g. '20ms*1,1,2,4' or "
@@ -286,7 +306,6 @@ def _run(command):
   _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
-  restarts = lost_peer_restarts = 0
   # Every attempt's workers join the same cgroups and namespaces, removed
   # at the end.
   with Signals() as signals, emulation.cpu_quotas(
@@ -294,68 +313,9 @@ def _run(command):
       FLAGS.cpu_limit_from == "ready") as limits, emulation.network(
           FLAGS.network, FLAGS.bandwidth, FLAGS.num_workers, FLAGS.num_ps,
           FLAGS["host"].present) as spaces:
-    while True:
-      # A new job, on new ports: the old ones may still be in TIME_WAIT.
-      attempt = restarts + lost_peer_restarts
-      job = Job(command, FLAGS.num_workers, FLAGS.host,
-                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
-                num_ps=FLAGS.num_ps, coordinator_command=coordinator,
-                **emulation.job_arguments(
-                    FLAGS.num_workers, FLAGS.num_ps, spaces, limits))
-      left = (None if deadline is None else
-              max(deadline - time.monotonic(), 0.01))
-      codes, failed = job.wait(left, FLAGS.grace_seconds,
-                               keep_going=FLAGS.keep_going, interrupt=signals)
-      if signals.received or failed in (None, "timeout"):
-        break
-      if (FLAGS.keep_going and job.lost_a_peer(failed) and
-          lost_peer_restarts < FLAGS.lost_peer_restarts):
-        lost_peer_restarts += 1
-        dead = sorted(i for i, c in job.exited.items() if c < 0)
-        print(f"oscars-launch: worker(s) {dead} killed by a signal while "
-              f"the others averaged with them: their collectives failed "
-              f"(exit code {codes[failed]}); restarting all "
-              f"{FLAGS.num_workers} workers from the newest saved state "
-              f"(lost-peer restart {lost_peer_restarts} of "
-              f"{FLAGS.lost_peer_restarts}).", file=sys.stderr)
-        continue
-      if restarts == FLAGS.restarts:
-        break
-      restarts += 1
-      print(f"oscars-launch: {job.name(failed)} "
-            f"{describe_exit(codes[failed])}; stopped the others; "
-            f"restarting all {FLAGS.num_workers} workers (restart "
-            f"{restarts} of {FLAGS.restarts}).", file=sys.stderr)
-  if signals.received:
-    late = (f"; SIGKILL to worker(s) {job.killed}, still running "
-            f"{FLAGS.grace_seconds:g}s after it" if job.killed else "")
-    print(f"oscars-launch: got {signals.received.name}; forwarded it to "
-          f"every worker and stopped them all{late}.", file=sys.stderr)
-    return 128 + signals.received
-  if failed == "timeout":
-    print(f"oscars-launch: job ran past --timeout={FLAGS.timeout:g}s; stopped "
-          "all workers.", file=sys.stderr)
-    return 124
-  if failed is not None:
-    print(f"oscars-launch: {job.name(failed)} "
-          f"{describe_exit(codes[failed])}; stopped the other workers.",
-          file=sys.stderr)
-    return 1
-  if job.lost:
-    print(f"oscars-launch: the job finished without worker(s) "
-          f"{sorted(job.tasks[i][1] for i in job.lost)}, lost during "
-          "training.", file=sys.stderr)
-    return 0
-  if FLAGS.num_ps:
-    print(f"oscars-launch: the chief finished; stopped the "
-          f"{FLAGS.num_workers} worker and {FLAGS.num_ps} ps servers.",
-          file=sys.stderr)
-    return 0
-  spread = job.exit_spread()
-  apart = "" if spread is None else f" (their exits {spread:.2f} s apart)"
-  print(f"oscars-launch: all {FLAGS.num_workers} workers finished{apart}.",
-        file=sys.stderr)
-  return 0
+    job, codes, failed = launch_attempts.run(
+        command, env, coordinator, deadline, signals, limits, spaces, FLAGS)
+  return launch_attempts.exit_code(job, codes, failed, signals, FLAGS)
 
 
 def main(argv):

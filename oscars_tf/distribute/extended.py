@@ -12,39 +12,32 @@ where those meet TensorFlow's strategy contract:
 * A step that updates variables is recognised while it is traced (the
   optimizer calls `extended.update`); right after it, the strategy appends
   "count the step; if the schedule says so, average the model with the other
-  workers". So `model.fit`, `steps_per_execution` and custom loops with
-  `strategy.run` all average at the same planned points.
+  workers" (round_ends.py). So `model.fit`, `steps_per_execution` and
+  custom loops with `strategy.run` all average at the same planned points.
+
+The components (round book, control plane, rounds, epochs, averagers, outer
+optimizer state) are built once, by wiring.py.
 """
 
-import atexit
-import contextlib
-
-from absl import logging
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import mirrored_strategy
 
 from oscars_tf import arguments
 from oscars_tf.distribute import averaged_variables
-from oscars_tf.distribute import control_plane
-from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import inputs
 from oscars_tf.distribute import multi_worker_roles
 from oscars_tf.distribute import outer as outer_lib
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import round_state
-from oscars_tf.distribute import rounds as rounds_lib
 from oscars_tf.distribute import startup
+from oscars_tf.distribute import wiring
 from oscars_tf.distribute.replicas import (
   component_variables as _component_variables,
 )
 from oscars_tf.distribute.replicas import is_float as _is_float
-from oscars_tf.observability import summaries
 from oscars_tf.protocol import agreement
-from oscars_tf.protocol import group_keys
-from oscars_tf.protocol import round_book
 from oscars_tf.runtime import averaging
-from oscars_tf.runtime import py_function_errors
 
 
 class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
@@ -52,66 +45,35 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
                      mirrored_strategy.MirroredExtended):
   """Implementation of `OscarsStrategy` (see its docstring)."""
 
-  def __init__(self, container, info, devices, schedule, optimizer_state,
-               communication, collective_timeout, local_replicas="mirrored",
-               simulate=None, outer_optimizer=None, straggler_timeout=60.0,
-               averaging_dtype=None):
+  def __init__(self, container, info, devices, args):
+    """`info`: the worker's `cluster.ClusterInfo`; `devices`: as given to
+    the strategy; `args`: its checked `wiring.Arguments`."""
     self._cluster = info
     self._roles_resolver = None  # multi_worker_roles: built when asked for
-    self._outer = outer_lib.OuterStates(outer_optimizer)
-    self._local_sgd = local_replicas == "local_sgd"
-    self._schedule = schedule
-    self._optimizer_state = optimizer_state
-    self._averaged = averaged_variables.AveragedVariables(optimizer_state)
+    self._local_sgd = args.local_sgd
+    self._schedule = args.schedule
+    self._optimizer_state = args.optimizer_state
     local_devices = replicas.resolve_devices(devices, info)
     super().__init__(container, devices=local_devices)
-    self._host = (info.device_prefix() + "/device:CPU:0"
-                  if info.is_multi_worker
-                  else "/job:localhost/replica:0/task:0/device:CPU:0")
-    device_type = tf.DeviceSpec.from_string(local_devices[0]).device_type
-    hosts = [a.rpartition(":")[0] for _, _, a in info.workers]
-    self._communication = averaging.choose_communication(
-        communication, [device_type] * info.num_workers, hosts)
-    per_group_nccl = communication == "auto" and device_type == "GPU"
-    averaging_device = (local_devices[0] if self._communication == "NCCL" or
-                        per_group_nccl else self._host)
-    self._averaging_dtype, fallback = averaging.wire_dtype(
-        averaging_dtype, averaging_device != self._host)
-    if fallback:
-      logging.warning("oscars_tf: %s", fallback)
-    self._averager = averaging.GroupAverager(
-        group_size=info.num_workers,
-        group_key=group_keys.GROUP_KEY_BASE,  # the whole cluster
-        device=averaging_device, communication=self._communication,
-        timeout=collective_timeout)
-    plane = control_plane.connect(info, hosts, straggler_timeout,
-                                  collective_timeout)
-    self._book = round_book.RoundBook(
-        info, schedule, learning_rate_fn=self._averaged.learning_rate,
-        simulate=simulate, membership=plane.membership)
-    self.round_logs = summaries.RoundLogging(info, self._book)
-    self._rounds = rounds_lib.Rounds(
-        self._book, self._host, averaging_device, self._communication,
-        collective_timeout, per_group_nccl=per_group_nccl,
-        averaging_dtype=self._averaging_dtype)
-    self._agreements = plane.agreements
-    self._update_log = []         # stack of variables updated per traced call
+    parts = wiring.build(info, local_devices, args, averages=self._averages,
+                         end_round_now=self.average_now)
+    self._host = parts.host
+    self._communication = parts.communication
+    self._averaging_dtype = parts.averaging_dtype
+    self._averager = parts.averager
+    self._agreements = parts.agreements
+    self._book = parts.book
+    self.round_logs = parts.round_logs
+    self._rounds = parts.rounds
+    self._ends = parts.ends
+    self.epochs = parts.epochs
+    self._averaged = parts.averaged
+    self._outer = parts.outer
     self._started_sets = set()    # variable sets already checked+broadcast
     self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
-    self._round_starts = {}       # FedNova: round-start copies per variable
-    self._sync_functions = {}
-    self._suppress_sharding = 0
-    self.epochs = epochs_lib.Epochs(
-        self._rounds, info, schedule, averages=self._averages,
-        end_round_now=self.average_now)
-    if info.is_multi_worker:
-      epochs_lib.note_uncaught_errors()
-      # atexit runs these last-registered first: end the rounds, leave,
-      # then make the interpreter's shutdown quick.
-      atexit.register(epochs_lib.teardown_quickly, self.round_logs)
-      atexit.register(self.epochs.leave_at_exit, collective_timeout)
-      atexit.register(self.epochs.finish_at_exit)
+    self._update_log = []         # stack of variables updated per traced call
+    self._suppress_sharding = 0   # inputs.WorkerInputs: see unsharded
 
   # -- what is averaged ---------------------------------------------------
 
@@ -179,50 +141,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
   def _after_train_step(self, variables, loss):
     self._last_variables = variables
     self._start_once(variables)
-    step = self._rounds.step_ops()
-    if not (self._cluster.is_multi_worker or self._local_sgd):
-      return
-    if rounds_lib.inside_while_loop():
-      # TensorFlow matches a collective's members by instance key *and* by
-      # the while-loop iteration it runs in; inside a loop (Keras'
-      # steps_per_execution > 1, a custom loop over tf.range) a fast and a
-      # slow worker reach the same round end in different iterations and
-      # would never meet. The round end then runs as its own function,
-      # outside the loop's frame.
-      end = py_function_errors.carried(self._end_round_function(variables))
-      tf.cond(step >= self._rounds.next_sync,
-              lambda: tf.py_function(end, [step, loss], []), tf.no_op)
-      return
-    tf.cond(step >= self._rounds.next_sync,
-            lambda: self._round_end(variables, step, loss), tf.no_op)
-
-  def _end_round_function(self, variables):
-    """A function (step, loss) ending the round of `variables` (cached)."""
-    key = averaged_variables.key_of(variables)
-    if key not in self._sync_functions:
-      def end_round(step, loss):
-        self._round_end(variables, step, loss)
-      self._sync_functions[key] = tf.function(end_round, autograph=False)
-    return self._sync_functions[key]
-
-  def _round_end(self, variables, step, loss):
-    key = averaged_variables.key_of(variables)
-    starts = self._round_starts.get(key)
-    outer = self._outer.get(key)
-
-    def write(values, is_global):
-      if outer:  # at global syncs the averaged update takes an outer step
-        values = tf.cond(is_global, lambda: outer.step(values),
-                         lambda: [tf.identity(v) for v in values])
-      return replicas.write_values(variables, values, starts)
-
-    return self._rounds.round_end_ops(
-        step, loss,
-        read_values=lambda: replicas.read_values(variables, self._local_sgd),
-        write_values=write,
-        start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
-        reset_state=self._averaged.clear_nonfinite_slots,
-        shared_state=outer.variables if outer else None)
+    self._ends.after_step(variables, loss)
 
   # -- averaging ----------------------------------------------------------
 
@@ -252,9 +171,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             lambda values: replicas.write_values(variables, values))
       started = replicas.read_values(variables, self._local_sgd)
       with tf.device(self._host):
-        if getattr(self._schedule, "weighting", None) == "normalized":
-          self._round_starts[key] = [tf.Variable(v, trainable=False)
-                                     for v in started]
+        self._ends.keep_start(variables, started)
         if self._outer.optimizer is not None:
           takes_step = outer_lib.takes_outer_step(variables,
                                                   self._averaged.model)
@@ -287,16 +204,6 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
           model, directory, self._cluster.worker_index, self._rounds,
           outer_state=lambda: (outer.arrays() if outer.optimizer is not None
                                else None))
-
-  @contextlib.contextmanager
-  def unsharded(self):
-    """Datasets given to the strategy inside are not split by worker (the
-    Keras front ends split `fit` inputs themselves)."""
-    self._suppress_sharding += 1
-    try:
-      yield
-    finally:
-      self._suppress_sharding -= 1
 
   @property
   def cluster(self):
@@ -341,7 +248,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   def average_now(self):
     """Ends the round now, whatever the plan said (eager)."""
-    end = self._end_round_function(self._last_variables)
+    end = self._ends.function(self._last_variables)
     self._collective_or_timeout(
         lambda: end(self._rounds.local_step.read_value(),
                     tf.constant(np.nan, tf.float32)), "an averaging point")

@@ -4,6 +4,8 @@ The batch size of a dataset is the per-worker batch size; it is split across
 the worker's local replicas as in `MirroredStrategy`.
 """
 
+import contextlib
+
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import input_util
@@ -39,7 +41,19 @@ def is_workers_own(x):
 
 
 class WorkerInputs:
-  """Mixin for the extended: shards by worker, fast path for one replica."""
+  """Mixin for the extended: shards by worker, fast path for one replica
+  (the extended sets `_cluster` and `_suppress_sharding` in its
+  __init__)."""
+
+  @contextlib.contextmanager
+  def unsharded(self):
+    """Datasets given to the strategy inside are not split by worker (the
+    Keras front ends split `fit` inputs themselves)."""
+    self._suppress_sharding += 1
+    try:
+      yield
+    finally:
+      self._suppress_sharding -= 1
 
   def _single_cpu(self):
     return (len(self._devices) == 1 and

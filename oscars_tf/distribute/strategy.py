@@ -14,6 +14,7 @@ from oscars_tf import cluster as cluster_lib
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
 from oscars_tf.distribute import replicas
+from oscars_tf.distribute import wiring
 from oscars_tf.distribute.extended import OscarsExtended
 from oscars_tf.distribute.startup import OPTIMIZER_STATES
 from oscars_tf.errors import ClusterConfigError
@@ -30,6 +31,51 @@ OWNER = "OscarsStrategy"  # as argument errors name it
 # registers the Keras front ends' `install` here (they sit above this layer,
 # so the strategy cannot import them).
 CREATION_HOOKS = []
+
+
+def _checked_arguments(schedule, optimizer_state, communication,
+                       collective_timeout, local_replicas, simulate_step_time,
+                       outer_optimizer, straggler_timeout, averaging_dtype,
+                       join_timeout):
+  """`OscarsStrategy`'s arguments, checked in their order, with their
+  defaults filled in: (the components' `wiring.Arguments`, join_timeout)."""
+  schedule = schedules_lib.Adaptive() if schedule is None else schedule
+  if not isinstance(schedule, schedules_lib.Schedule):
+    raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
+                    f"such as Adaptive() or Fixed(every=8), got "
+                    f"{schedule!r}.")
+  arguments.one_of(OWNER, "optimizer_state", optimizer_state,
+                   OPTIMIZER_STATES)
+  if outer_optimizer is not None and not isinstance(
+      outer_optimizer, schedules_lib.OuterMomentum):
+    raise TypeError("`outer_optimizer` must be None or "
+                    "oscars_tf.schedules.OuterMomentum(...), got "
+                    f"{outer_optimizer!r}.")
+  arguments.one_of(OWNER, "local_replicas", local_replicas, LOCAL_REPLICAS)
+  arguments.one_of(OWNER, "communication", communication,
+                   averaging.COMMUNICATIONS)
+  seconds = "a finite number of seconds"
+  collective_timeout = arguments.positive_number(
+      OWNER, "collective_timeout", collective_timeout, seconds)
+  if straggler_timeout is None:
+    straggler_timeout = min(60.0, collective_timeout)
+  if not (arguments.is_number(straggler_timeout) and
+          0 < straggler_timeout <= collective_timeout):
+    arguments.fail(OWNER, "straggler_timeout", "a number of seconds > 0 and "
+                   f"at most `collective_timeout` ({collective_timeout})",
+                   straggler_timeout)
+  join_timeout = arguments.positive_number(OWNER, "join_timeout",
+                                           join_timeout, seconds)
+  averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
+  if simulate_step_time is None:
+    simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
+  profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
+  return wiring.Arguments(
+      schedule, optimizer_state, communication, collective_timeout,
+      local_replicas, straggler_timeout,
+      simulate=profile if profile.active else None,
+      outer_optimizer=outer_optimizer,
+      averaging_dtype=averaging_dtype), join_timeout
 
 
 class OscarsStrategy(tf.distribute.Strategy):
@@ -123,37 +169,10 @@ class OscarsStrategy(tf.distribute.Strategy):
                simulate_step_time=None, outer_optimizer=None, logdir=None,
                straggler_timeout=None, averaging_dtype=None,
                join_timeout=120.0):
-    schedule = schedules_lib.Adaptive() if schedule is None else schedule
-    if not isinstance(schedule, schedules_lib.Schedule):
-      raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
-                      f"such as Adaptive() or Fixed(every=8), got "
-                      f"{schedule!r}.")
-    arguments.one_of(OWNER, "optimizer_state", optimizer_state,
-                     OPTIMIZER_STATES)
-    if outer_optimizer is not None and not isinstance(
-        outer_optimizer, schedules_lib.OuterMomentum):
-      raise TypeError("`outer_optimizer` must be None or "
-                      "oscars_tf.schedules.OuterMomentum(...), got "
-                      f"{outer_optimizer!r}.")
-    arguments.one_of(OWNER, "local_replicas", local_replicas, LOCAL_REPLICAS)
-    arguments.one_of(OWNER, "communication", communication,
-                     averaging.COMMUNICATIONS)
-    seconds = "a finite number of seconds"
-    collective_timeout = arguments.positive_number(
-        OWNER, "collective_timeout", collective_timeout, seconds)
-    if straggler_timeout is None:
-      straggler_timeout = min(60.0, collective_timeout)
-    if not (arguments.is_number(straggler_timeout) and
-            0 < straggler_timeout <= collective_timeout):
-      arguments.fail(OWNER, "straggler_timeout", "a number of seconds > 0 and "
-                     f"at most `collective_timeout` ({collective_timeout})",
-                     straggler_timeout)
-    join_timeout = arguments.positive_number(OWNER, "join_timeout",
-                                             join_timeout, seconds)
-    averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
-    if simulate_step_time is None:
-      simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
-    profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
+    args, join_timeout = _checked_arguments(
+        schedule, optimizer_state, communication, collective_timeout,
+        local_replicas, simulate_step_time, outer_optimizer,
+        straggler_timeout, averaging_dtype, join_timeout)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
     if info.is_coordinator:
@@ -161,14 +180,10 @@ class OscarsStrategy(tf.distribute.Strategy):
     # The coordination service's heartbeats only catch what the straggler
     # timeout catches sooner, and a task they time out can never come back:
     # long ones let a stalled worker rejoin (stalls up to this long).
-    server.start(info, heartbeat_timeout_s=max(30.0, 2 * collective_timeout),
+    server.start(info,
+                 heartbeat_timeout_s=max(30.0, 2 * args.collective_timeout),
                  register_timeout_s=float(join_timeout))
-    super().__init__(OscarsExtended(
-        self, info, devices, schedule, optimizer_state, communication,
-        collective_timeout, local_replicas,
-        simulate=profile if profile.active else None,
-        outer_optimizer=outer_optimizer,
-        straggler_timeout=straggler_timeout, averaging_dtype=averaging_dtype))
+    super().__init__(OscarsExtended(self, info, devices, args))
     # Handed back as given, as MWMS does; but not one with a coordinator
     # job, which TensorFlow's multi-worker helpers reject (resolver_for
     # leaves it out).
@@ -177,14 +192,15 @@ class OscarsStrategy(tf.distribute.Strategy):
       self.extended.cluster_resolver = cluster_resolver
     if logdir:
       self.extended.round_logs.set_logdir(logdir)
-    if profile.active:
-      for line in profile.describe(info.num_workers):
+    if args.simulate is not None:
+      for line in args.simulate.describe(info.num_workers):
         logging.warning("oscars_tf: %s", line)
     for hook in CREATION_HOOKS:
       hook()
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r, "
                  "averaging in %s", info.worker_index, info.num_workers,
-                 self.extended.worker_devices, schedule, self.averaging_dtype)
+                 self.extended.worker_devices, args.schedule,
+                 self.averaging_dtype)
 
   @property
   def cluster(self):

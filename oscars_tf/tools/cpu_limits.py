@@ -21,6 +21,8 @@ so is every thread and process it starts. `remove` moves processes still in
 them to the top cgroup and removes the cgroups; parents left behind by a
 launcher killed with SIGKILL are removed by the next one.
 
+The limits' values (`parse`, `quota_us`) are cpu_limit_values.py's.
+
 Needs Linux, a writable cpu controller (root, or a delegated cgroup) and, for
 cgroup v2, the cpu controller enabled for the top cgroup's children.
 Imports no TensorFlow.
@@ -28,7 +30,6 @@ Imports no TensorFlow.
 
 import errno
 import json
-import math
 import os
 import pathlib
 import re
@@ -36,8 +37,11 @@ import secrets
 import sys
 import time
 
-PERIOD_US = 100_000  # the kernel's and Kubernetes' default CFS period
-MIN_LIMIT = 0.01  # the kernel refuses quotas under 1 ms
+from oscars_tf.tools.cpu_limit_values import MIN_LIMIT  # noqa: F401 (cpu_limits.MIN_LIMIT)
+from oscars_tf.tools.cpu_limit_values import PERIOD_US
+from oscars_tf.tools.cpu_limit_values import parse  # noqa: F401 (cpu_limits.parse)
+from oscars_tf.tools.cpu_limit_values import quota_us
+
 ROOT_ENV = "OSCARS_CGROUP_ROOT"  # where cgroup file systems are mounted
 DEFAULT_ROOT = "/sys/fs/cgroup"
 ENV = "OSCARS_CPU_LIMIT"  # each worker's limit, for its records
@@ -49,37 +53,6 @@ _PARENT = re.compile(r"^oscars-(\d+)-[0-9a-f]+$")
 class CpuLimitError(Exception):
   """The machine cannot apply the limits; the message is one line naming
   what is missing."""
-
-
-def parse(text, num_workers):
-  """Number of CPUs per worker from "1,1,0.5,0.25" (or one value for all).
-
-  A value is a number of CPUs, or Kubernetes' millicores ("500m" = 0.5).
-  Raises ValueError with a one-line message: a count that is neither 1 nor
-  `num_workers`, a value that is not a number, or one below MIN_LIMIT.
-  """
-  items = [x.strip() for x in text.split(",")]
-  limits = []
-  for item in items:
-    try:
-      value = (float(item[:-1]) / 1000 if item.endswith("m") else
-               float(item))
-    except ValueError:
-      raise ValueError(f"{item!r} is not a number of CPUs (e.g. 0.5 or "
-                       "500m)") from None
-    if not math.isfinite(value) or value <= 0:
-      raise ValueError(f"{item!r}: a CPU limit must be a number > 0")
-    if value < MIN_LIMIT:
-      raise ValueError(f"{item!r}: a CPU limit must be at least {MIN_LIMIT} "
-                       "(the kernel's smallest quota is 1 ms per 100 ms "
-                       "period)")
-    limits.append(value)
-  if len(limits) == 1:
-    return limits * num_workers
-  if len(limits) != num_workers:
-    raise ValueError(f"{len(limits)} values for {num_workers} workers: give "
-                     f"one (for every worker) or exactly {num_workers}")
-  return limits
 
 
 def apply_pending(environ=None):
@@ -103,11 +76,6 @@ def apply_pending(environ=None):
   print(f"oscars_tf: EMULATED CPU limit of {spec['limit']:g} CPU applied "
         f"(worker ready, pid {os.getpid()})", file=sys.stderr, flush=True)
   return float(spec["limit"])
-
-
-def quota_us(limit, period_us=PERIOD_US):
-  """The CFS quota, in microseconds per period, of `limit` CPUs."""
-  return int(round(limit * period_us))
 
 
 def _read(path):

@@ -1,0 +1,95 @@
+"""The round end a training step appends: "if the plan says so, average the
+model with the others" (the extended recognises the step, see extended.py).
+
+Per set of averaged variables it keeps the round end as a function of its
+own (run outside a tf.while_loop's frame) and, for FedNova's normalized
+weighting, the round's start values.
+"""
+
+import tensorflow as tf
+
+from oscars_tf.distribute import averaged_variables
+from oscars_tf.distribute import replicas
+from oscars_tf.distribute import rounds as rounds_lib
+from oscars_tf.runtime import py_function_errors
+
+
+class RoundEnds:
+  """The round-end ops of a worker's averaged variable sets.
+
+  Args:
+    rounds: the worker's `rounds.Rounds` (step counters, averaging ops).
+    averaged: its `averaged_variables.AveragedVariables`.
+    outer: its `outer.OuterStates`.
+    schedule: the strategy's schedule.
+    local_sgd: whether the local replicas step on their own gradients.
+    averages_across: whether rounds average anything at all (other workers,
+      or local SGD replicas).
+  """
+
+  def __init__(self, rounds, averaged, outer, schedule, local_sgd,
+               averages_across):
+    self._rounds = rounds
+    self._averaged = averaged
+    self._outer = outer
+    self._normalized = getattr(schedule, "weighting", None) == "normalized"
+    self._local_sgd = local_sgd
+    self._averages_across = averages_across
+    self._starts = {}      # FedNova: round-start copies per variable set
+    self._functions = {}   # the round end of each set, as a tf.function
+
+  def keep_start(self, variables, started):
+    """FedNova (normalized weighting): keeps copies of `started`, the
+    values `variables` start the first round with (eager, on the device
+    in scope)."""
+    if self._normalized:
+      self._starts[averaged_variables.key_of(variables)] = [
+          tf.Variable(v, trainable=False) for v in started]
+
+  def after_step(self, variables, loss):
+    """Counts the step; ends the round if the plan says so (traced)."""
+    step = self._rounds.step_ops()
+    if not self._averages_across:
+      return
+    if rounds_lib.inside_while_loop():
+      # TensorFlow matches a collective's members by instance key *and* by
+      # the while-loop iteration it runs in; inside a loop (Keras'
+      # steps_per_execution > 1, a custom loop over tf.range) a fast and a
+      # slow worker reach the same round end in different iterations and
+      # would never meet. The round end then runs as its own function,
+      # outside the loop's frame.
+      end = py_function_errors.carried(self.function(variables))
+      tf.cond(step >= self._rounds.next_sync,
+              lambda: tf.py_function(end, [step, loss], []), tf.no_op)
+      return
+    tf.cond(step >= self._rounds.next_sync,
+            lambda: self.ops(variables, step, loss), tf.no_op)
+
+  def function(self, variables):
+    """A function (step, loss) ending the round of `variables` (cached)."""
+    key = averaged_variables.key_of(variables)
+    if key not in self._functions:
+      def end_round(step, loss):
+        self.ops(variables, step, loss)
+      self._functions[key] = tf.function(end_round, autograph=False)
+    return self._functions[key]
+
+  def ops(self, variables, step, loss):
+    """The round end of `variables`: average, outer step, round starts."""
+    key = averaged_variables.key_of(variables)
+    starts = self._starts.get(key)
+    outer = self._outer.get(key)
+
+    def write(values, is_global):
+      if outer:  # at global syncs the averaged update takes an outer step
+        values = tf.cond(is_global, lambda: outer.step(values),
+                         lambda: [tf.identity(v) for v in values])
+      return replicas.write_values(variables, values, starts)
+
+    return self._rounds.round_end_ops(
+        step, loss,
+        read_values=lambda: replicas.read_values(variables, self._local_sgd),
+        write_values=write,
+        start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
+        reset_state=self._averaged.clear_nonfinite_slots,
+        shared_state=outer.variables if outer else None)
