@@ -54,9 +54,9 @@ def number_in(owner, name, value, low, high, *, include_low=True,
               include_high=False):
   """A number between `low` and `high` (each end included or not), as a
   float."""
-  above = value >= low if include_low else value > low
-  below = value <= high if include_high else value < high
-  if not (is_number(value) and above and below):
+  if not (is_number(value) and
+          (value >= low if include_low else value > low) and
+          (value <= high if include_high else value < high)):
     interval = (f"{'[' if include_low else '('}{low}, "
                 f"{high}{']' if include_high else ')'}")
     fail(owner, name, f"in {interval}", value)

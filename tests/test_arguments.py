@@ -33,7 +33,8 @@ def test_an_owner_left_out_is_left_out_of_the_message():
 
 
 @pytest.mark.parametrize("value,ok", [(0, True), (0.5, True), (1, False),
-                                      (-0.1, False), (True, False)])
+                                      (-0.1, False), (True, False),
+                                      ("0.5", False), (None, False)])
 def test_number_in_keeps_each_end_as_asked(value, ok):
   if ok:
     assert arguments.number_in("O", "m", value, 0, 1) == value
