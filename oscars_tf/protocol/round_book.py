@@ -158,7 +158,7 @@ class RoundBook:
     waits for the members still training before its straggler timeout
     runs."""
     due_s = (self.clock.others_due_s(self.plan, self.members)
-             if self.exhausted else 0.0)
+             if self.exhausted and self.membership is not None else 0.0)
     decision = self.exchange.decide(
         self.round, row, self.plan, self.epoch_index, self.epoch_done,
         due_s, self._rate_before)
