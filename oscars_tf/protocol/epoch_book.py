@@ -59,9 +59,10 @@ class EpochBook:
     return self.quantized(plan)
 
   def next_plan(self, planned, ended, table, agreed):
-    """The round that followed `ended` is planned as `planned` from
-    `table`; returns it fit to what is left of the epoch, counting
-    `table`'s steps. `agreed`: every member's data ran out."""
+    """`planned`, the schedule's plan of the round after `ended` from that
+    round's `table`, quantized and fit to what is left of the epoch once
+    `table`'s steps are counted; `over` turns True where the epoch ends.
+    `agreed`: every member of `ended` was out of data."""
     plan = self.quantized(planned)
     if agreed:  # every member's data ran out
       self.over = True

@@ -65,8 +65,8 @@ class RoundBook:
   """The Python side of one worker's rounds.
 
   Args:
-    info: the cluster (cluster.py): this worker's index, every worker's
-      address, whether there are several.
+    info: the cluster (cluster.ClusterInfo): this worker's index, every
+      worker's address, whether there are several.
     schedule: the schedule that plans each round from the table.
     learning_rate_fn: () -> the optimizer's learning rate (for the table).
     simulate: the simulated slowness (simulate.py), or None.
@@ -76,6 +76,8 @@ class RoundBook:
       for one worker, always alone.
   """
 
+  # The names the strategy, the front ends, summaries, benchmarks, tests
+  # and `_adopt` read and set on the book, kept by its roles.
   meter = _Kept("clock", "meter")
   totals = _Kept("clock", "totals")
   simulate = _Kept("clock", "simulate")

@@ -99,7 +99,8 @@ class RoundClock:
 
   def others_due_s(self, plan, members):
     """Seconds until `plan`'s other `members` should arrive, at 1.5 times
-    their planned compute time (see RoundBook.arrive)."""
+    their planned compute time: the chief, out of data early, waits that
+    long before its straggler timeout runs (RoundBook._decide)."""
     due = [k / r for j, (k, r) in enumerate(zip(plan.local_steps,
                                                 plan.rates))
            if j != self.me and j in members and r > 0]
