@@ -275,7 +275,7 @@ def measure(n, rng):
       step = b.last_sync_step + b.plan.local_steps[j]
       part = b.arrive(step, 1.0, True)
       b.averaged(part.table, 0.0, step, 0)
-      b._last_sync_cost = FLAGS.sync_cost_s  # SIMULATED, as the others'  # pylint: disable=protected-access
+      b.clock.last_sync_cost = FLAGS.sync_cost_s  # SIMULATED, as the others'
       cpu[j] = time.thread_time() - t0
     threads = [threading.Thread(target=one_round, args=(j,)) for j in sampled]
     for t in threads:

@@ -245,8 +245,8 @@ def _chief_rounds(info, n, store, rates, t0, result):
     result["rounds"][r] = {
         "chief_cpu_ms": 1e3 * cpu, "chief_main_cpu_ms": 1e3 * main_cpu,
         "chief_wall_ms": 1e3 * wall,
-        "late_ms": 1e3 * late_s, "members": len(entry["members"]),
-        "dropped": len(entry["dropped"])}
+        "late_ms": 1e3 * late_s, "members": len(entry.members),
+        "dropped": len(entry.dropped)}
     # The whole process over a slot (the end of the last round's work to
     # the end of this one's): the service it hosts serving every client's
     # post of this round and read of the last, and its own round.

@@ -5,10 +5,12 @@ and what must travel (first rows, exact fields) always does."""
 
 import numpy as np
 
+from oscars_tf.policy import records
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import table_deltas
 
-RATE, LOSS, STEPS = 0, 2, table_deltas.STEPS
+RATE, LOSS, STEPS = (records.Column.RATE, records.Column.LOSS,
+                     records.Column.STEPS)
 N = 10_000
 
 
@@ -16,7 +18,8 @@ def _rows(rates, losses=1.0):
   rows = np.full((len(rates), table_deltas.WIDTH), np.nan, np.float32)
   rows[:, RATE] = rates
   rows[:, LOSS] = losses
-  rows[:, 4:8] = (0.1, 5, 1, 0)  # learning rate, steps, healthy, exhausted
+  rows[:, records.Column.LEARNING_RATE:records.Column.SYNC_COST] = (
+      0.1, 5, 1, 0)  # learning rate, steps, healthy, exhausted
   return rows
 
 

@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from oscars_tf.policy import records
 from oscars_tf.protocol import dense_columns
 from oscars_tf.protocol import table_deltas
 
-RATE = 0
-LOSS = 2
+RATE = records.Column.RATE
+LOSS = records.Column.LOSS
 
 
 def _first_table(n, rates, losses=None):
@@ -20,7 +21,8 @@ def _first_table(n, rates, losses=None):
   rows = np.full((n, table_deltas.WIDTH), np.nan, np.float32)
   rows[:, RATE] = rates
   rows[:, LOSS] = 1.0 if losses is None else losses
-  rows[:, 4:8] = (0.1, 5, 1, 0)  # learning rate, steps, healthy, exhausted
+  rows[:, records.Column.LEARNING_RATE:records.Column.SYNC_COST] = (
+      0.1, 5, 1, 0)  # learning rate, steps, healthy, exhausted
   ops = table_deltas.column_ops(base, rows, members)
   base = table_deltas.apply_columns(base, members, ops)
   cells = table_deltas.changed_cells(base, rows, members,
@@ -91,7 +93,7 @@ def test_few_changes_nonpositive_values_and_wide_spreads_stay_cells():
   assert dense_columns.split(wide, members, tol)[0] == []
   # An exact field (tolerance 0) never is.
   steps = cells.copy()
-  steps["field"] = table_deltas.STEPS
+  steps["field"] = records.Column.STEPS
   assert dense_columns.split(steps, members, tol)[0] == []
 
 

@@ -1,6 +1,7 @@
 """Tests for oscars_tf.protocol.rate_table: the rate meter and the
 published rows (pure Python)."""
 
+import dataclasses
 import math
 import types
 
@@ -75,3 +76,27 @@ def test_a_failed_publication_does_not_stop_training():
 
 def _raise(*args):
   raise RuntimeError("service gone")
+
+
+def test_a_row_goes_on_the_wire_in_the_entry_s_field_order():
+  assert records.FIELDS == tuple(
+      f.name for f in dataclasses.fields(records.TableEntry))
+  entry = records.TableEntry(rate=2.5, round=3, loss=0.5, divergence=0.1,
+                             learning_rate=0.01, steps=7, healthy=False,
+                             exhausted=True, sync_cost=0.2)
+  values = entry.to_values()
+  assert values == [2.5, 3.0, 0.5, 0.1, 0.01, 7.0, 0.0, 1.0, 0.2]
+  assert values[records.Column.STEPS] == 7.0
+  assert records.TableEntry.from_values(values) == entry
+  table = records.StepRateTable.from_rows([values, values], ("a", "b"))
+  assert table.entries == (entry, entry)
+
+
+def test_a_short_row_reads_as_one_from_before_its_last_fields():
+  entry = records.TableEntry.from_values([4.0, math.nan, 1.0])
+  assert (entry.rate, entry.round, entry.loss, entry.steps) == (
+      4.0, -1, 1.0, 0)
+  assert entry.healthy is False and math.isnan(entry.sync_cost)
+  ragged = records.StepRateTable.from_rows([[4.0, math.nan, 1.0],
+                                            [1.0] * 9], ("a", "a"))
+  assert ragged.entries[0] == entry

@@ -94,13 +94,13 @@ def test_every_member_holds_the_same_table_and_plans_alike(hosts):
       assert b.round == r + 1
       assert nxt.next_sync == b.last_sync_step + b.plan.local_steps[b.me]
       assert not p.takes_model
-      assert p.group_size == len(b.history[-1]["group"])
-      assert p.is_global == b.history[-1]["global_sync"]
+      assert p.group_size == len(b.history[-1].group)
+      assert p.is_global == b.history[-1].global_sync
   # Every member's measured rate is in the table, and planned from.
-  rates = books[0].history[-1]["table_rates"]
+  rates = books[0].history[-1].table_rates
   assert all(math.isfinite(r) and r > 0 for r in rates)
   assert books[0].plan.rates == pytest.approx(rates)
-  assert [e["members"] for e in books[1].history] == [[0, 1, 2]] * 4
+  assert [e.members for e in books[1].history] == [[0, 1, 2]] * 4
 
 
 def test_two_hosts_give_each_worker_its_place_in_a_global_sync():
@@ -123,7 +123,7 @@ def test_a_member_with_non_finite_weights_adds_nothing_and_takes_the_model():
   assert [p.takes_model for p in parts] == [False, True, False]
   assert parts[1].weight == 0.0
   assert parts[0].weight + parts[2].weight == pytest.approx(1.0)
-  assert books[0].history[-1]["poisoned"] == [1]
+  assert books[0].history[-1].poisoned == [1]
 
 
 def test_a_poisoned_worker_alone_in_its_group_takes_the_sound_model():
@@ -134,7 +134,7 @@ def test_a_poisoned_worker_alone_in_its_group_takes_the_sound_model():
   parts, _ = _round(books, steps=[4, 4, 4], finite=[True, True, False])
   assert _received(parts, [1.0, 3.0, math.nan]) == pytest.approx([2.0] * 3)
   assert [p.takes_model for p in parts] == [False, False, True]
-  assert books[2].history[-1]["poisoned"] == [2]
+  assert books[2].history[-1].poisoned == [2]
   # The repair changed this round only: the plan is host by host again.
   assert books[0].plan.groups == ((0, 1), (2,))
 
@@ -147,7 +147,7 @@ def test_a_newcomer_among_poisoned_members_keeps_its_own_model():
   chief = books[0].membership
   chief.straggler_timeout = 0.05  # worker 2 is late: dropped at round 1
   run_threads([lambda i=i: _arrive_and_average(books[i], 4) for i in (0, 1)])
-  assert books[0].history[-1]["dropped"] == [2]
+  assert books[0].history[-1].dropped == [2]
   chief.straggler_timeout = 5.0
 
   def chief_once_2_asks_back():
@@ -159,7 +159,7 @@ def test_a_newcomer_among_poisoned_members_keeps_its_own_model():
       lambda: _arrive_and_average(books[2], 4)])
   assert errors == [None] * 3
   parts = [o[0] for o in out]
-  assert books[2].history[-1]["rejoined"] == [2]
+  assert books[2].history[-1].rejoined == [2]
   assert _received(parts, [math.nan, math.nan, 5.0]) == (
       pytest.approx([5.0] * 3))
   assert [p.takes_model for p in parts] == [True, True, False]
@@ -170,7 +170,7 @@ def test_a_round_that_meets_new_collectives_reports_no_averaging_cost():
   # loaded CI machine against 0.01-0.05 s an averaging after. Counted, it
   # stretched CostAware's rounds to whole epochs for the next 4 rounds.
   books = _books(("a", "a", "b"), schedules.Fixed(4))
-  cost = records.FIELDS.index("sync_cost")
+  cost = records.Column.SYNC_COST
   costs = []
   for _ in range(3):
     parts, _ = _round(books, steps=[4, 4, 4])
@@ -220,7 +220,7 @@ def test_one_worker_needs_no_store_and_averages_alone():
   assert (part.group_size, part.weight, part.takes_model) == (1, 1.0, False)
   nxt = book.averaged(part.table, 0.0, 5, 0)
   assert nxt.next_sync == 10 and math.isfinite(nxt.scale)
-  assert book.history[-1]["loss"] == 0.5
+  assert book.history[-1].loss == 0.5
 
 
 def test_an_epoch_target_ends_the_epoch_on_every_member_at_once():
@@ -246,9 +246,16 @@ def test_the_history_keeps_cluster_lists_for_the_newest_rounds_only(
     _round(books, steps=[1, 1])
   history = list(books[1].history)
   assert len(history) == 130
-  full = [all(f in e for f in round_history.CLUSTER_FIELDS) for e in history]
+  full = [all(getattr(e, f) is not None for f in round_history.CLUSTER_FIELDS)
+          for e in history]
   assert full == [False] * 30 + [True] * 100
-  assert all("rate" in e and "plan" in e for e in history)  # scalars stay
+  assert all(e.plan and e.group for e in history)  # its own fields stay
+  # As users read it (OscarsStrategy.round_history): dicts without the
+  # cluster lists let go.
+  dicts = [e.as_dict() for e in history]
+  assert [all(f in d for f in round_history.CLUSTER_FIELDS)
+          for d in dicts] == full
+  assert all("rate" in d and "plan" in d for d in dicts)
 
 
 def test_plan_changes_are_logged_once_each(caplog):

@@ -348,7 +348,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     planned steps, the groups, the members) are in the newest rounds only,
     at least 100, all 10,000 up to 25 workers: the history stays bounded at
     10,000 workers too."""
-    return list(self.extended.round_book.history)
+    return [r.as_dict() for r in self.extended.round_book.history]
 
   def step_rate_table(self):
     """Every worker's latest published row (rate, round, loss, ...), read

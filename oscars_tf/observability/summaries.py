@@ -34,7 +34,7 @@ import tensorflow as tf
 
 WORKER_SCALARS = ("rate", "local_steps", "time_budget", "compute_s", "wait_s",
                   "comm_s", "divergence", "loss")
-CLUSTER_EVENTS = ("dropped", "rejoined", "poisoned")  # lists in the entry
+CLUSTER_EVENTS = ("dropped", "rejoined", "poisoned")  # lists in the record
 
 
 def _period(plan):
@@ -58,26 +58,28 @@ class RoundSummaries:
     self._book = book
     self._period = _period(book.plan) if book is not None else None
 
-  def __call__(self, entry, table, plan):
-    step = entry["round"]
-    self._bytes += entry.get("bytes_sent", 0)
+  def __call__(self, record, table, plan):
+    """Writes the round of `record` (a round_history.RoundRecord, the
+    newest), its `table`, and the next round's `plan`."""
+    step = record.round
+    self._bytes += record.bytes_sent
     with self.writer.as_default(step=step):
-      self._round_context(entry)
+      self._round_context(record)
       for name in WORKER_SCALARS:
-        value = entry.get(name)
+        value = getattr(record, name)
         if value is not None and value == value:  # skip NaN
           tf.summary.scalar(f"oscars/{name}", float(value))
       tf.summary.scalar("oscars/bytes_sent", float(self._bytes))
-      tf.summary.scalar("oscars/group", float(min(entry["group"])))
+      tf.summary.scalar("oscars/group", float(min(record.group)))
       # Poison guard events: workers averaged without (non-finite weights).
       tf.summary.scalar("oscars/poisoned_workers",
-                        float(len(entry.get("poisoned", ()))))
+                        float(len(record.poisoned)))
     self._period = _period(plan)
     if self.cluster_writer is None:
       return
     with self.cluster_writer.as_default(step=step):
       for kind in CLUSTER_EVENTS:
-        for j in entry.get(kind, ()):
+        for j in getattr(record, kind):
           tf.summary.scalar(f"oscars/events/{kind}/worker_{j}", 1.0)
       for j, e in enumerate(table.entries):
         if e.rate == e.rate:
@@ -85,19 +87,19 @@ class RoundSummaries:
         tf.summary.scalar(f"oscars/table/local_steps/worker_{j}", e.steps)
       tf.summary.scalar("oscars/stragglers", float(len(plan.stragglers)))
       tf.summary.text("oscars/plan", json.dumps({
-          "digest": entry["plan"], "groups": entry["groups"],
-          "local_steps": entry["planned_all"],
-          "global_sync": entry["global_sync"]}))
+          "digest": record.plan, "groups": record.groups,
+          "local_steps": record.planned_all,
+          "global_sync": record.global_sync}))
 
-  def _round_context(self, entry):
+  def _round_context(self, record):
     """Where the round sits in time and training (the dashboard's timeline
     and event marks)."""
-    arrived_at = entry.get("arrived_at")
-    if arrived_at is not None:
-      tf.summary.scalar("oscars/since_arrival_s", time.time() - arrived_at)
+    if record.arrived_at is not None:
+      tf.summary.scalar("oscars/since_arrival_s",
+                        time.time() - record.arrived_at)
     if self._period is not None:
       tf.summary.scalar("oscars/period", float(self._period))
-    if entry.get("global_sync"):
+    if record.global_sync:
       tf.summary.scalar("oscars/global_sync", 1.0)
     if self._book is not None:
       tf.summary.scalar("oscars/epoch", float(
@@ -149,17 +151,17 @@ class RoundLogging:
 
 
 def trace_events(history, worker_index):
-  """Chrome trace events (µs) for one worker's rounds."""
+  """Chrome trace events (µs) for one worker's rounds (RoundRecords)."""
   events = []
   for r in history:
-    arrive = r["arrived_at"] * 1e6
-    spans = (("compute", arrive - r["compute_s"] * 1e6, r["compute_s"]),
-             ("wait", arrive, r["wait_s"]),
-             ("communicate", arrive + r["wait_s"] * 1e6, r["comm_s"]))
+    arrive = r.arrived_at * 1e6
+    spans = (("compute", arrive - r.compute_s * 1e6, r.compute_s),
+             ("wait", arrive, r.wait_s),
+             ("communicate", arrive + r.wait_s * 1e6, r.comm_s))
     for name, start, seconds in spans:
       events.append({"name": name, "ph": "X", "ts": start,
                      "dur": seconds * 1e6, "pid": 0, "tid": worker_index,
-                     "args": {"round": r["round"], "plan": r["plan"]}})
+                     "args": {"round": r.round, "plan": r.plan}})
   events.append({"name": "thread_name", "ph": "M", "pid": 0,
                  "tid": worker_index,
                  "args": {"name": f"worker {worker_index}"}})

@@ -5,6 +5,7 @@ No TensorFlow. Both are frozen dataclasses that every member holds alike;
 """
 
 import dataclasses
+import enum
 import hashlib
 import json
 import math
@@ -12,8 +13,26 @@ from typing import Tuple
 
 import numpy as np
 
-FIELDS = ("rate", "round", "loss", "divergence", "learning_rate", "steps",
-          "healthy", "exhausted", "sync_cost")
+
+class Column(enum.IntEnum):
+  """A row's fields by their place on the wire: a row travels as floats in
+  this order (FIELDS), and the code that works on the table as a float
+  array (its changes, its columns) names a column by it."""
+  RATE = 0
+  ROUND = 1
+  LOSS = 2
+  DIVERGENCE = 3
+  LEARNING_RATE = 4
+  STEPS = 5
+  HEALTHY = 6
+  EXHAUSTED = 7
+  SYNC_COST = 8
+
+
+# TableEntry's fields in its order (test_rate_table.py checks it): the
+# entry's values go on the wire in it.
+FIELDS = tuple(c.name.lower() for c in Column)
+ROW_WIDTH = len(FIELDS)  # floats in a row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +49,31 @@ class TableEntry:
   # Seconds its previous averaging point took, arrival to averaged model
   # (the exchange, any wait for the group, the collective).
   sync_cost: float = math.nan
+
+  def to_values(self):
+    """The row as it travels: floats in FIELDS order."""
+    return [float(getattr(self, f)) for f in FIELDS]
+
+  @classmethod
+  def from_values(cls, values):
+    """The entry of a row of floats in FIELDS order. A shorter row (from
+    before a field was added) reads 0 past its end, and NaN as its
+    sync cost; a non-finite round reads -1 and non-finite steps 0."""
+    if len(values) > ROW_WIDTH:
+      raise ValueError(f"TableEntry: a row has at most {ROW_WIDTH} fields, "
+                       f"got {len(values)}.")
+    full = [float(x) for x in values] + [0.0] * (ROW_WIDTH - len(values))
+    if len(values) <= Column.SYNC_COST:
+      full[Column.SYNC_COST] = math.nan  # a row without one
+    rnd, steps = full[Column.ROUND], full[Column.STEPS]
+    return cls(rate=full[Column.RATE],
+               round=int(rnd) if math.isfinite(rnd) else -1,
+               loss=full[Column.LOSS], divergence=full[Column.DIVERGENCE],
+               learning_rate=full[Column.LEARNING_RATE],
+               steps=int(steps) if math.isfinite(steps) else 0,
+               healthy=full[Column.HEALTHY] > 0.5,
+               exhausted=full[Column.EXHAUSTED] > 0.5,
+               sync_cost=full[Column.SYNC_COST])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +95,8 @@ class StepRateTable:
       table = None
     if table is not None and table.ndim == 2:
       return cls(_entries_of(table), tuple(hosts))
-    entries = []  # rows of different lengths: one at a time
-    for row in rows:
-      values = [float(x) for x in row] + [0.0] * (len(FIELDS) - len(row))
-      if len(row) <= FIELDS.index("sync_cost"):
-        values[FIELDS.index("sync_cost")] = math.nan  # a row without one
-      rate, rnd, loss, div, lr, steps, healthy, exhausted, cost = values
-      entries.append(TableEntry(rate, int(rnd) if math.isfinite(rnd) else -1,
-                                loss, div, lr,
-                                int(steps) if math.isfinite(steps) else 0,
-                                healthy > 0.5, exhausted > 0.5, cost))
-    return cls(tuple(entries), tuple(hosts))
+    # Rows of different lengths: one at a time.
+    return cls(tuple(map(TableEntry.from_values, rows)), tuple(hosts))
 
   @property
   def size(self):
@@ -73,28 +108,27 @@ def _entries_of(table):
   them one at a time, but column by column (10,000 workers: milliseconds;
   a Python loop over every cell took a quarter of the chief's round)."""
   n, width = table.shape
-  full = np.zeros((n, len(FIELDS)))
-  full[:, :min(width, len(FIELDS))] = table[:, :len(FIELDS)]
-  if width <= FIELDS.index("sync_cost"):
-    full[:, FIELDS.index("sync_cost")] = math.nan  # rows without one
-  rate, rnd, loss, div, lr, steps, healthy, exhausted, cost = full.T
-  rounds = np.where(np.isfinite(rnd), rnd, -1).astype(np.int64)
-  steps = np.where(np.isfinite(steps), steps, 0).astype(np.int64)
-  return tuple(map(_entry, rate.tolist(), rounds.tolist(), loss.tolist(),
-                   div.tolist(), lr.tolist(), steps.tolist(),
-                   (healthy > 0.5).tolist(), (exhausted > 0.5).tolist(),
-                   cost.tolist()))
-
-
-_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(TableEntry))
+  full = np.zeros((n, ROW_WIDTH))
+  full[:, :min(width, ROW_WIDTH)] = table[:, :ROW_WIDTH]
+  if width <= Column.SYNC_COST:
+    full[:, Column.SYNC_COST] = math.nan  # rows without one
+  columns = [full[:, c] for c in Column]
+  rnd, steps = columns[Column.ROUND], columns[Column.STEPS]
+  columns[Column.ROUND] = np.where(np.isfinite(rnd), rnd, -1).astype(np.int64)
+  columns[Column.STEPS] = np.where(np.isfinite(steps), steps,
+                                   0).astype(np.int64)
+  for flag in (Column.HEALTHY, Column.EXHAUSTED):
+    columns[flag] = columns[flag] > 0.5
+  return tuple(map(_entry, *(c.tolist() for c in columns)))
 
 
 def _entry(*values):
-  """TableEntry(*values), its fields set at once: a frozen dataclass's
-  __init__ sets them one by one through object.__setattr__, which took
-  half of from_rows at 10,000 workers (TableEntry has no __post_init__)."""
+  """TableEntry(*values) (values in FIELDS order), its fields set at once:
+  a frozen dataclass's __init__ sets them one by one through
+  object.__setattr__, which took half of from_rows at 10,000 workers
+  (TableEntry has no __post_init__)."""
   entry = object.__new__(TableEntry)
-  entry.__dict__.update(zip(_ENTRY_FIELDS, values))
+  entry.__dict__.update(zip(FIELDS, values))
   return entry
 
 

@@ -29,8 +29,6 @@ import numpy as np
 from oscars_tf.policy import records
 from oscars_tf.protocol import dense_columns
 
-RATE = records.FIELDS.index("rate")
-
 # Store text (base64) each member reads per round, at most, beyond what
 # always travels (members that left or joined, exact fields).
 BYTES_PER_MEMBER = 1_700
@@ -79,7 +77,7 @@ def by_need(cells, base, tolerance):
   with np.errstate(invalid="ignore", divide="ignore"):
     off = np.abs(new / old - 1) / tolerance[field]
   first = np.isnan(old) | np.isnan(new)
-  must = (tolerance[field] == 0) | (first & (field == RATE))
+  must = (tolerance[field] == 0) | (first & (field == records.Column.RATE))
   kind = np.where(must, 0, np.where(first, 1, 2))
   farthest = np.where(kind == 2, -np.nan_to_num(off, nan=np.inf), 0.0)
   return np.lexsort((farthest, kind)), int(must.sum())  # stable

@@ -2,6 +2,9 @@
 TensorFlow."""
 
 import collections
+import dataclasses
+from typing import List
+from typing import Optional
 
 HISTORY_KEEP = 10_000  # rounds kept (a long run stays bounded)
 # The per-round lists over the cluster (CLUSTER_FIELDS: O(workers) each)
@@ -12,18 +15,67 @@ HISTORY_CLUSTER_CELLS = 1_000_000
 CLUSTER_FIELDS = ("table_rates", "planned_all", "groups", "members")
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+  """One finished round as this worker saw it. Users read it as a dict
+  (`as_dict`: `OscarsStrategy.round_history`), so its fields keep the
+  names, order and list values that dict has; the cluster-wide lists
+  (CLUSTER_FIELDS) are None once the history let them go."""
+  round: int
+  plan: str                 # the digest of the round's plan
+  local_steps: int          # the steps this worker ran in it
+  planned_steps: int        # its k_i in the plan
+  group: List[int]          # its group in the plan
+  global_sync: bool
+  sharded_sync: bool        # across hosts, shard by shard
+  epoch_end: bool
+  compute_s: float          # arrival less the round's start, waits excluded
+  wait_s: float             # arrival to the round's table
+  comm_s: float             # the table to the averaged model
+  arrived_at: float         # wall time (time.time()) of its arrival
+  rate: float               # its rate meter after the round
+  divergence: float
+  loss: float               # its row of the round's table
+  learning_rate: float
+  table_rates: Optional[List[float]]  # every worker's rate in the table
+  time_budget: float        # the plan's T
+  end_step: int             # its local step at the averaging point
+  stragglers: List[int]
+  bytes_sent: int
+  poisoned: List[int]       # members with non-finite weights
+  members: Optional[List[int]]
+  dropped: List[int]
+  rejoined: List[int]
+  groups: Optional[List[List[int]]]
+  planned_all: Optional[List[int]]  # every worker's k_i
+
+  def as_dict(self):
+    """The round as a dict, without the cluster lists let go. Its values
+    are the record's own, not copies: `dataclasses.asdict` would copy
+    10,000 workers' lists for every round a user reads."""
+    out = dict(vars(self))  # its fields in order: a record holds no other
+    for name in CLUSTER_FIELDS:
+      if out[name] is None:
+        del out[name]
+    return out
+
+  def without_cluster_lists(self):
+    """The record with the cluster lists let go (None)."""
+    return dataclasses.replace(self, **dict.fromkeys(CLUSTER_FIELDS))
+
+
 class RoundHistory(collections.deque):
-  """One dict per finished round, the last HISTORY_KEEP of them; the
-  cluster-wide lists (CLUSTER_FIELDS) only in the newest `full_rounds`."""
+  """One RoundRecord per finished round, the last HISTORY_KEEP of them;
+  the cluster-wide lists (CLUSTER_FIELDS) only in the newest
+  `full_rounds`."""
 
   def __init__(self, num_workers):
     super().__init__(maxlen=HISTORY_KEEP)
     self.full_rounds = min(HISTORY_KEEP, max(
         100, HISTORY_CLUSTER_CELLS // (len(CLUSTER_FIELDS) * num_workers)))
 
-  def add(self, entry):
-    self.append(entry)
+  def add(self, record):
+    self.append(record)
     if len(self) > self.full_rounds:
-      older = self[-self.full_rounds - 1]
-      for field in CLUSTER_FIELDS:
-        older.pop(field, None)
+      older = -self.full_rounds - 1
+      self[older] = self[older].without_cluster_lists()

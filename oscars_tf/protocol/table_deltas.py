@@ -62,9 +62,7 @@ from oscars_tf.policy import records
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import dense_columns
 
-WIDTH = len(records.FIELDS)
-ROUND = records.FIELDS.index("round")
-STEPS = records.FIELDS.index("steps")
+WIDTH = records.ROW_WIDTH  # a snapshot's columns: records.Column
 # Relative change that puts a cell in the round's changes (0: any change).
 # The period rules read loss, divergence, sync cost and learning rate only
 # through means, medians and maxima over the table.
@@ -107,10 +105,10 @@ def next_snapshot(previous, members, round_, expected_steps=None):
   is_member = np.zeros(len(snap), bool)
   is_member[list(members)] = True
   snap[~is_member] = np.nan
-  snap[is_member, ROUND] = round_
+  snap[is_member, records.Column.ROUND] = round_
   if expected_steps is not None:
     steps = np.asarray(expected_steps, np.float32)
-    snap[is_member, STEPS] = steps[is_member]
+    snap[is_member, records.Column.STEPS] = steps[is_member]
   return snap
 
 
@@ -146,7 +144,7 @@ def column_ops(base, rows, members):
   ops = np.zeros(WIDTH, _COLUMN)
   fresh, old = member_rows(rows, members), base[members]
   for f in range(WIDTH):
-    if f == ROUND or not members:
+    if f == records.Column.ROUND or not members:
       continue
     new = fresh[:, f]
     if np.isfinite(new).all() and (new == new[0]).all():
@@ -210,7 +208,7 @@ def changed_cells(base, rows, members, pending=None):
       pending.direction[members] = np.where(waits, direction, 0)
       pending.deviation[members] = np.where(differs, 0, deviation)
   differs |= np.isnan(fresh) != np.isnan(old)
-  differs[:, ROUND] = False  # set by the rules
+  differs[:, records.Column.ROUND] = False  # set by the rules
   where_i, where_f = np.nonzero(differs)
   cells = np.empty(len(where_i), _CELL)
   cells["worker"] = np.asarray(members, np.int32)[where_i]
