@@ -53,6 +53,7 @@ from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import round_book
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
 
 flags.DEFINE_list("workers", ["16", "64", "256", "1024", "4096", "10000"],
@@ -256,7 +257,7 @@ def measure(n, rng):
       if j in books or (r == FLAGS.fault_round and j in stalls):
         continue
       if j not in members:  # dropped last round: asks to rejoin
-        kv_store.put(store, f"{membership.PREFIX}j/{j}",
+        kv_store.put(store, store_keys.rejoin_request(j),
                      decision_codec.encode_row(_row(reported[j], r, 0,
                                                     losses[j])))
         continue
@@ -265,7 +266,7 @@ def measure(n, rng):
     if gathering and r > 0:
       _gather_arrivals(posted, r, members, hosts, books, files, writers)
     for j, text in posted.items():
-      store.set(f"{membership.PREFIX}a/{r}/{j}", text)
+      store.set(store_keys.arrival(r, j), text)
     # Sampled workers in threads, the chief here: real round books.
     cpu = {}
 
@@ -283,8 +284,8 @@ def measure(n, rng):
     one_round(0)
     for t in threads:
       t.join(60)
-    decision_key = f"{membership.PREFIX}d/{r}"
-    whole_key = f"{membership.PREFIX}s/{r}"
+    decision_key = store_keys.decision(r)
+    whole_key = store_keys.snapshot(r)
     deltas = FLAGS.distribution == "deltas"
     decision = membership.Decision.decode(
         store.data[whole_key if deltas else decision_key])

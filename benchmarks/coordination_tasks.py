@@ -31,6 +31,7 @@ from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
 from oscars_tf.runtime import coordination_store
 import task_measures
@@ -302,10 +303,10 @@ def _decision_text(store, relay, round_, member, members):
   service."""
   if relay is not None and member and not relay.leads(members):
     text = relay.wait(round_, time.monotonic() + 60.0, lambda: int(
-        store.get(f"{membership.PREFIX}latest", 1.0)) >= round_)
+        store.get(store_keys.latest(), 1.0)) >= round_)
     if text is not None:
       return text, True
-  text = store.get(f"{membership.PREFIX}d/{round_}", 60.0)
+  text = store.get(store_keys.decision(round_), 60.0)
   if relay is not None and member and relay.leads(members):
     relay.write(round_, text)
   return text, False
@@ -330,15 +331,15 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
     row = decision_codec.encode_row(_row(rate, r, steps,
                                          1.0 / (1.0 + 0.01 * r)))
     if arrivals is not None and r == 1:  # the job's token, once
-      relay.bind(store.get(f"{membership.PREFIX}job", 60.0))
+      relay.bind(store.get(store_keys.job(), 60.0))
     saved = arrivals.posts_saved if arrivals is not None else 0
     if member and arrivals is not None:  # acknowledged rows: no post
-      arrivals.post(store, f"{membership.PREFIX}a/{r}/{me}", r, row,
+      arrivals.post(store, store_keys.arrival(r, me), r, row,
                     sorted(members))
     elif member:
-      store.set(f"{membership.PREFIX}a/{r}/{me}", row)
+      store.set(store_keys.arrival(r, me), row)
     else:  # dropped last round (late): asks to rejoin, as a worker does
-      kv_store.put(store, f"{membership.PREFIX}j/{me}", row)
+      kv_store.put(store, store_keys.rejoin_request(me), row)
     _sleep_until(t0 + (r + FLAGS.read_at) * FLAGS.slot_s)
     read_at = time.time()
     text, from_file = _decision_text(store, relay, r, member, members)
@@ -347,7 +348,7 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
     if deltas:
       changes = table_deltas.Changes(text)
       if me in changes.newcomers:  # holds no snapshot: reads the whole one
-        text = store.get(f"{membership.PREFIX}s/{r}", 60.0)
+        text = store.get(store_keys.snapshot(r), 60.0)
         membership.Decision.decode(text)
       member = me in changes.newcomers or member and me not in changes.dropped
       members = (members - set(changes.dropped)) | set(changes.newcomers)
@@ -358,4 +359,4 @@ def _client_rounds(store, me, n, rate, t0, dies, result):
                            "posted": posted, "from_file": from_file}
   store.round = -1
   # As a member says it at its exit: the chief (and the service) may go.
-  kv_store.put(store, f"{membership.PREFIX}done/{me}", "1")
+  kv_store.put(store, store_keys.done(me), "1")

@@ -5,7 +5,7 @@ wall time) per round."""
 import threading
 import time
 
-from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
 
 def memory_mb():
@@ -47,8 +47,9 @@ class CountingStore:
     t0 = time.perf_counter()
     self.store.set(key, value)
     self._count("set", t0)
-    if key.startswith(f"{membership.PREFIX}d/"):
-      self.published[int(key.rpartition("/")[2])] = time.time()
+    round_ = store_keys.decision_round(key)
+    if round_ is not None:
+      self.published[round_] = time.time()
 
   def get(self, key, timeout_s):
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from fake_store import FakeStore
 from fake_store import run_threads
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.protocol import agreement
+from oscars_tf.protocol import store_keys
 
 
 def _workers(store, n, straggler=0.5, decision=5.0):
@@ -47,7 +48,7 @@ def test_a_stalled_member_is_left_out_and_the_others_agree_in_time():
   assert errors == [None]
   assert late[0] == out[0]  # back, it reads the decision the others took
   # Nothing is left behind: the result alone stays, for late readers.
-  assert sorted(store.data) == [f"{agreement.PREFIX}0/0"]
+  assert sorted(store.data) == [store_keys.agreement(0, 0)]
 
 
 def test_agreements_at_one_round_are_told_apart_in_call_order():
@@ -103,19 +104,18 @@ def test_the_chief_leaves_an_exchange_only_once_every_other_has_read():
   # would take it away from a worker still reading.
   store = FakeStore()
   chief, other = _workers(store, 2, decision=30.0)
-  base = f"{agreement.PREFIX}exchange/x/0"
   out = {}
   thread = threading.Thread(
       target=lambda: out.update(chief=chief.exchange("x", "a", (0, 1))))
   thread.start()
-  store.set(f"{base}/1", "b")  # worker 1's text, posted but not yet read
+  store.set(store_keys.exchange_text("x", 0, 1), "b")  # posted, not read
   thread.join(timeout=0.5)
   assert thread.is_alive(), "the chief left before worker 1 had read"
-  store.set(f"{base}/read/1", "1")  # worker 1 has read
+  store.set(store_keys.exchange_read("x", 0, 1), "1")  # worker 1 has read
   thread.join(timeout=30)
   assert not thread.is_alive() and out["chief"] == {0: "a", 1: "b"}
   # A worker says so once it has read.
   got, errors = run_threads([lambda w=w: w.exchange("y", str(w.me), (0, 1))
                              for w in (chief, other)])
   assert errors == [None, None] and got[1] == {0: "0", 1: "1"}
-  assert f"{agreement.PREFIX}exchange/y/0/read/1" in store.data
+  assert store_keys.exchange_read("y", 0, 1) in store.data

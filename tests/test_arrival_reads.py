@@ -15,8 +15,9 @@ from oscars_tf.protocol import arrival_reads
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
-PREFIX = "p/a/3/"
+PREFIX = store_keys.arrivals(3) + "/"
 
 
 class DirReads(FakeStore):
@@ -48,7 +49,7 @@ def _own(text, poster):
 def _read(store, others, deadline_s=10.0, gone=()):
   rows = {}
   done = arrival_reads.read_by_directory(
-      store, PREFIX, others, rows, time.monotonic() + deadline_s,
+      store, 3, others, rows, time.monotonic() + deadline_s,
       lambda j: j in gone, _own)
   return done, rows
 
@@ -57,7 +58,7 @@ def test_every_posted_row_comes_in_one_directory_read():
   store = DirReads()
   for j in range(1, 100):
     store.set(f"{PREFIX}{j}", f"row {j}")
-  store.set("p/a/30/5", "another round's")
+  store.set(store_keys.arrival(30, 5), "another round's")
   store.set(f"{PREFIX}200", "not a member's")
   done, rows = _read(store, list(range(1, 100)))
   assert done and rows == {j: f"row {j}" for j in range(1, 100)}

@@ -13,6 +13,7 @@ from fake_store import FakeStore
 from fake_store import run_threads as _run
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
 
 
@@ -218,10 +219,10 @@ def test_deltas_agree_through_a_death_and_a_rejoin():
   late = []
 
   def rejoiner():
-    store.wait_for_key(f"{membership.PREFIX}d/1")
+    store.wait_for_key(f"{store_keys.MEMBERS}d/1")
     late.append(ws[3].exchange(1, _row(3, 1), rate_before=20.0))
   _, errors = _run([rejoiner] + [
-      lambda w=w: (store.wait_for_key(f"{membership.PREFIX}j/3"),
+      lambda w=w: (store.wait_for_key(f"{store_keys.MEMBERS}j/3"),
                    w.exchange(2, _row(w.me, 2)))[1] for w in ws[:3]])
   assert errors == [None] * 4, errors
   assert late[0].round == 2 and late[0].newcomers == (3,)
@@ -257,7 +258,7 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     moved = (lambda row: [row[0] * 1.05, row[1], 0.9, *row[3:]]) if r == 3 \
         else (lambda row: row)
     for j in range(1, n):
-      store.set(f"{membership.PREFIX}a/{r}/{j}",
+      store.set(f"{store_keys.MEMBERS}a/{r}/{j}",
                 decision_codec.encode_row(moved(_row(j, r))))
     store.bytes_out = 0
     decision = chief.exchange(r, moved(_row(0, r)))
@@ -266,7 +267,7 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     held = reader._await(r, 1.0)  # pylint: disable=protected-access
     reader.members = held.members
     for _ in range(2, n):
-      store.get(f"{membership.PREFIX}d/{r}", 1.0)
+      store.get(f"{store_keys.MEMBERS}d/{r}", 1.0)
     per_round.append(store.bytes_out - arrivals)
     assert held.members == decision.members
     np.testing.assert_array_equal(held.row_array, decision.row_array)

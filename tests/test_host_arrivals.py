@@ -24,6 +24,7 @@ from fake_store import run_threads
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
 HOSTS = ("10.0.0.1",) * 3 + ("10.0.0.2",) * 3 + ("10.0.0.3",) * 3
 
@@ -43,14 +44,14 @@ class ArrivalReads(FakeStore):
     self.on_post = on_post or (lambda worker: None)
 
   def get(self, key, timeout_s):
-    if key.startswith(f"{membership.PREFIX}a/"):
+    if key.startswith(f"{store_keys.MEMBERS}a/"):
       _, round_, worker = key.rsplit("/", 2)
       self.asked.setdefault(int(round_), set()).add(int(worker))
     return super().get(key, timeout_s)
 
   def set(self, key, value):
     super().set(key, value)
-    if key.startswith(f"{membership.PREFIX}a/"):
+    if key.startswith(f"{store_keys.MEMBERS}a/"):
       _, round_, worker = key.rsplit("/", 2)
       self.posted.setdefault(int(round_), set()).add(int(worker))
       self.on_post(int(worker))

@@ -19,6 +19,7 @@ from fake_store import give_to_another_user
 from fake_store import run_threads
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
 HOSTS = ("10.0.0.1",) * 2 + ("10.0.0.2",) * 2  # workers 0, 1 | 2, 3
 
@@ -33,7 +34,7 @@ class CountingStore(FakeStore):
 
   def get(self, key, timeout_s):
     value = super().get(key, timeout_s)
-    if key.startswith(f"{membership.PREFIX}d/"):
+    if key.startswith(f"{store_keys.MEMBERS}d/"):
       import threading  # pylint: disable=import-outside-toplevel
       self.changes_read.append((self.reader.get(threading.get_ident()),
                                 key))
@@ -95,10 +96,10 @@ def test_a_host_whose_leader_is_gone_reads_the_chiefs(tmp_path):
   # chief's decision after the grace, and leads its host from then on.
   out = _round(store, ws, 1, who=(0, 1, 3))
   assert out[0].dropped == (2,) and len({d.to_json() for d in out}) == 1
-  assert (3, f"{membership.PREFIX}d/1") in store.changes_read
+  assert (3, f"{store_keys.MEMBERS}d/1") in store.changes_read
   assert ws[3].relay.misses >= 1
   _round(store, ws, 2, who=(0, 1, 3))
-  assert (3, f"{membership.PREFIX}d/2") in store.changes_read
+  assert (3, f"{store_keys.MEMBERS}d/2") in store.changes_read
 
 
 def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
@@ -115,7 +116,7 @@ def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
   # Once stopped, they read from the chief at once every round.
   last = host_relay.MISSES_TO_STOP + 1
   assert {w for w, k in store.changes_read
-          if k == f"{membership.PREFIX}d/{last}"} == {1, 2, 3}
+          if k == f"{store_keys.MEMBERS}d/{last}"} == {1, 2, 3}
 
 
 def test_a_member_asks_the_store_late_and_ever_less_often(tmp_path):

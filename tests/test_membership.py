@@ -15,6 +15,7 @@ from fake_store import run_threads as _run
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
 
 def _row(worker, rate=10.0):
@@ -70,7 +71,7 @@ def test_a_late_worker_rejoins_at_a_later_round_with_its_rate_before():
     return ws[2].exchange(1, _row(2, rate=0.01), rate_before=7.5)
 
   def others():
-    store.wait_for_key(f"{membership.PREFIX}j/2")  # worker 2 asked to rejoin
+    store.wait_for_key(f"{store_keys.MEMBERS}j/2")  # worker 2 asked to rejoin
     got = []
     for r in range(2, 5):  # the next round lets it back in
       d = [None, None]
@@ -111,7 +112,7 @@ def test_newcomers_get_the_chiefs_plan_context():
   _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
   context = {"epoch": 3, "epoch_end": False, "state": {"period": 4.0}}
   def chief_round_1():
-    store.wait_for_key(f"{membership.PREFIX}j/1")  # worker 1 asked to rejoin
+    store.wait_for_key(f"{store_keys.MEMBERS}j/1")  # worker 1 asked to rejoin
     return ws[0].exchange(1, _row(0), 17, context)
   out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_1])
   assert errors == [None, None]
@@ -132,7 +133,7 @@ def test_a_long_wait_for_the_decision_costs_few_requests():
     gets = 0
 
     def get(self, key, timeout_s):
-      if key.startswith(f"{membership.PREFIX}d/"):
+      if key.startswith(f"{store_keys.MEMBERS}d/"):
         self.gets += 1
       return super().get(key, timeout_s)
   store = DecisionGets()
@@ -160,10 +161,10 @@ def test_a_decision_deleted_while_a_worker_slept_means_it_was_dropped():
   ws = _workers(store, 2, straggler=0.1)
   ws[0].exchange(0, _row(0))  # worker 1 dropped at round 0
   ws[0].exchange(1, _row(0))
-  store.delete(f"{membership.PREFIX}d/0")  # as KEEP_ROUNDS later rounds do
+  store.delete(f"{store_keys.MEMBERS}d/0")  # as KEEP_ROUNDS later rounds do
 
   def chief_round_2():
-    store.wait_for_key(f"{membership.PREFIX}j/1")  # worker 1 asked to rejoin
+    store.wait_for_key(f"{store_keys.MEMBERS}j/1")  # worker 1 asked to rejoin
     return ws[0].exchange(2, _row(0))
   out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_2])
   assert errors == [None, None]
@@ -233,7 +234,7 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
 
 
 def _rejoin_round(chief, store, r):
-  store.wait_for_key(f"{membership.PREFIX}j/1")
+  store.wait_for_key(f"{store_keys.MEMBERS}j/1")
   return chief.exchange(r, _row(0))
 
 
@@ -271,7 +272,7 @@ def test_a_long_run_keeps_the_store_bounded():
         if w.me == 0 and r % 25_000 == 24_999:
           # Worker 1 may have posted its next arrival already (a race the
           # count must not depend on): that key is not a leak.
-          nxt = f"{membership.PREFIX}a/{r + 1}/"
+          nxt = f"{store_keys.MEMBERS}a/{r + 1}/"
           sizes.append(sum(not k.startswith(nxt) for k in list(store.data)))
     except BaseException as e:  # pylint: disable=broad-except
       errors[w.me] = e
@@ -304,11 +305,11 @@ def test_the_chief_leaves_after_the_members_are_done_or_gone():
   threading.Timer(0.5, one.say_done).start()
   chief.wait_until_done(timeout=10.0)
   waited = time.monotonic() - start
-  assert f"{membership.PREFIX}done/1" in store.data
+  assert f"{store_keys.MEMBERS}done/1" in store.data
   assert 0.4 < waited < 3.0, waited  # waited for 1, not for the gone 2
   gone.clear()
   start = time.monotonic()
-  store.delete(f"{membership.PREFIX}done/1")
+  store.delete(f"{store_keys.MEMBERS}done/1")
   chief.wait_until_done(timeout=0.5)  # bounded when no one says anything
   assert time.monotonic() - start < 2.0
 
@@ -324,14 +325,14 @@ def test_a_rejoiner_whose_process_is_gone_is_not_let_in():
   ws = [chief] + _workers(store, 3, straggler=0.3)[1:]
   _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
   _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
-  store.set(f"{membership.PREFIX}j/2", membership._dump(_row(2)))  # asked...
+  store.set(f"{store_keys.MEMBERS}j/2", membership._dump(_row(2)))  # asked...
   gone.set()  # ...and was killed before the next decision
   out, errors = _run([lambda w=w: w.exchange(2, _row(w.me)) for w in ws[:2]])
   assert errors == [None, None]
   assert out[0].members == out[1].members == (0, 1)
   assert out[0].newcomers == ()
   # Its request is withdrawn, not read again at every round.
-  assert f"{membership.PREFIX}j/2" not in store.data
+  assert f"{store_keys.MEMBERS}j/2" not in store.data
 
 
 def test_a_rejoiner_that_gives_up_withdraws_its_request():
@@ -341,4 +342,4 @@ def test_a_rejoiner_that_gives_up_withdraws_its_request():
   # No chief decides again: worker 1 gives up after the decision timeout.
   with pytest.raises(PeerTimeoutError, match="not let back in"):
     ws[1].exchange(0, _row(1))
-  assert f"{membership.PREFIX}j/1" not in store.data
+  assert f"{store_keys.MEMBERS}j/1" not in store.data

@@ -12,8 +12,9 @@ import time
 from fake_store import FakeStore
 from fake_store import run_threads as _run
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import store_keys
 
-LATEST = f"{membership.PREFIX}latest"
+LATEST = f"{store_keys.MEMBERS}latest"
 
 
 def _row(worker, rate=10.0):
@@ -73,7 +74,7 @@ class _LatestGap(FakeStore):
       self.latest_read.wait(1.0)
 
   def get(self, key, timeout_s):
-    if key.startswith(f"{membership.PREFIX}d/"):
+    if key.startswith(f"{store_keys.MEMBERS}d/"):
       self.decisions_read.append(int(key.rsplit("/", 1)[1]))
     try:
       return super().get(key, timeout_s)
@@ -95,7 +96,7 @@ def test_a_rejoiner_reading_latest_in_the_chiefs_rewrite_skips_old_rounds():
 
   def chief():
     ws[0].exchange(6, _row(0))  # `latest` goes from 5 to 6 through a gap
-    store.wait_for_key(f"{membership.PREFIX}j/1")
+    store.wait_for_key(f"{store_keys.MEMBERS}j/1")
     return ws[0].exchange(7, _row(0))
 
   def rejoiner():  # back at its round 1 while the chief rewrites `latest`
@@ -133,10 +134,10 @@ def test_a_rejoiner_whose_rounds_decision_was_deleted_asks_again(
     assert ws[0].exchange(3, _row(0)).dropped == (1,)  # it never came
     for r in range(4, 7):  # d/2 is deleted at round 4
       ws[0].exchange(r, _row(0))
-    assert f"{membership.PREFIX}d/2" not in store.data
+    assert f"{store_keys.MEMBERS}d/2" not in store.data
     released.append(time.monotonic())
     resume.set()
-    store.wait_for_key(f"{membership.PREFIX}j/1", 10)  # asked again
+    store.wait_for_key(f"{store_keys.MEMBERS}j/1", 10)  # asked again
     return ws[0].exchange(7, _row(0))
 
   def rejoiner():

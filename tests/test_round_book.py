@@ -16,6 +16,7 @@ from oscars_tf.protocol import plan_log
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_history
 from oscars_tf.protocol import round_parts
+from oscars_tf.protocol import store_keys
 
 
 def _info(me, hosts):
@@ -151,7 +152,7 @@ def test_a_newcomer_among_poisoned_members_keeps_its_own_model():
   chief.straggler_timeout = 5.0
 
   def chief_once_2_asks_back():
-    chief.store.wait_for_key(f"{membership.PREFIX}j/2")
+    chief.store.wait_for_key(f"{store_keys.MEMBERS}j/2")
     return _arrive_and_average(books[0], 4, finite=False)
   out, errors = run_threads([
       chief_once_2_asks_back,

@@ -343,6 +343,7 @@ def soak(params):
 
   from oscars_tf.protocol import kv_store  # pylint: disable=g-import-not-at-top
   from oscars_tf.protocol import membership  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import store_keys  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import coordination_store  # pylint: disable=g-import-not-at-top
   with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
@@ -359,7 +360,7 @@ def soak(params):
             "history": len(strategy.round_history),
             "weights": _flat(model).tolist()}
   if strategy.worker_index == 0:
-    store, p = coordination_store.ContextStore(), membership.PREFIX
+    store, p = coordination_store.ContextStore(), store_keys.MEMBERS
 
     def present(key, timeout_s=0.001):
       try:

@@ -11,18 +11,19 @@ go on) from the same numbers. A member too late is left out of this result
 only; it is late at its next round end too, where the round protocol drops
 it, and it rejoins from there.
 
-No TensorFlow here: the store is anything with `set`, `get` and `delete`.
+No TensorFlow here: the store is anything with `set`, `get` and `delete`
+(its keys: store_keys.py).
 """
 
 import collections
 import json
-import time
 
 from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.protocol import clock as clock_lib
 from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol.kv_store import KeyMissing
 
-PREFIX = "oscars_tf/agree/"
 KEEP_RESULTS = 1000  # results kept in the store (a member back from a long
                      # stall reads its own); older ones are deleted
 
@@ -31,10 +32,11 @@ class Agreements:
   """One worker's side of the agreements (the chief decides)."""
 
   def __init__(self, store, me, straggler_timeout, decision_timeout,
-               is_gone=None):
+               is_gone=None, clock=None):
     """`is_gone(j)`: worker j's process is known to be gone (not waited
-    for; see membership.Membership)."""
+    for; see membership.Membership); `clock`: clock.py's (None: real)."""
     self.store = store
+    self.clock = clock_lib.real_unless(clock)
     self.is_gone = is_gone or (lambda j: False)
     self.me = me
     self.straggler_timeout = float(straggler_timeout)
@@ -47,11 +49,12 @@ class Agreements:
     """{worker: numbers} of the members whose numbers reached the chief in
     time (always the chief's). Every member calls it at the same point, at
     the same `round_`; the result is the same on all of them."""
-    base = f"{PREFIX}{round_}/{self._next_index(round_)}"
-    mine = f"{base}/{self.me}"
+    index = self._next_index(round_)
+    base = store_keys.agreement(round_, index)
+    mine = store_keys.agreement_numbers(round_, index, self.me)
     self.store.set(mine, json.dumps([float(x) for x in numbers]))
     if self.me == 0:
-      result = self._decide(base, members, numbers)
+      result = self._decide(round_, index, members, numbers)
     else:
       result = self._await(base, round_)
       if self.me not in result:  # too late: nobody will read it
@@ -66,23 +69,24 @@ class Agreements:
     every worker must take part (one missing is the caller's error, not a
     member left out). The keys stay: one per worker and exchange."""
     index = self._exchanges[name] = self._exchanges.get(name, -1) + 1
-    base = f"{PREFIX}exchange/{name}/{index}"
-    self.store.set(f"{base}/{self.me}", text)
+    self.store.set(store_keys.exchange_text(name, index, self.me), text)
     others = [j for j in workers if j != self.me]
-    deadline = time.monotonic() + self.decision_timeout
+    deadline = self.clock.monotonic() + self.decision_timeout
     texts = kv_store.values_unless_gone(
-        self.store, [f"{base}/{j}" for j in others], deadline,
-        lambda i: self.is_gone(others[i]))
+        self.store, [store_keys.exchange_text(name, index, j)
+                     for j in others], deadline,
+        lambda i: self.is_gone(others[i]), self.clock)
     # The chief hosts the coordination service: it leaves only once every
     # other worker has read, or a worker that stops on what it read (a
     # mismatch) would take the service away from a slower reader, which
     # would then see a lost service instead of the mismatch.
     if self.me == 0:
       kv_store.values_unless_gone(
-          self.store, [f"{base}/read/{j}" for j in others], deadline,
-          lambda i: self.is_gone(others[i]))
+          self.store, [store_keys.exchange_read(name, index, j)
+                       for j in others], deadline,
+          lambda i: self.is_gone(others[i]), self.clock)
     else:
-      self.store.set(f"{base}/read/{self.me}", "1")
+      self.store.set(store_keys.exchange_read(name, index, self.me), "1")
     return {self.me: text, **dict(zip(others, texts))}
 
   def _next_index(self, round_):
@@ -90,13 +94,15 @@ class Agreements:
     self._last = (round_, index)
     return index
 
-  def _decide(self, base, members, numbers):
+  def _decide(self, round_, index, members, numbers):
+    base = store_keys.agreement(round_, index)
     result = {0: [float(x) for x in numbers]}
     others = [j for j in members if j != 0]
     texts = kv_store.values_unless_gone(
-        self.store, [f"{base}/{j}" for j in others],
-        time.monotonic() + self.straggler_timeout,
-        lambda i: self.is_gone(others[i]))
+        self.store, [store_keys.agreement_numbers(round_, index, j)
+                     for j in others],
+        self.clock.monotonic() + self.straggler_timeout,
+        lambda i: self.is_gone(others[i]), self.clock)
     for j, text in zip(others, texts):
       if text is not None:  # else late or gone: left out of this result
         result[j] = json.loads(text)

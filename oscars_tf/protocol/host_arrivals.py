@@ -25,16 +25,16 @@ stops using them. The files are in the host's directory of the job's
 incarnation (host_relay's), its user's alone: a file or directory another
 user could have written stops their use (host_files.py). A leader removes
 the rows it read, and its acknowledgements two rounds on or at the end.
-No TensorFlow.
+Waits are the relay's clock's (clock.py). No TensorFlow.
 """
 
 import os
-import time
 
 from absl import logging
 
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import store_keys
 
 GATHER_S = 0.3   # how long a leader waits for its host's rows
 ACK_WAIT_S = 1.0  # how long a member waits for its leader's acknowledgement
@@ -69,8 +69,9 @@ class HostArrivals:
 
   def __init__(self, relay, gather_s=GATHER_S, ack_wait_s=ACK_WAIT_S):
     """`relay`: the worker's host_relay.HostRelay (hosts, the job's token,
-    the directory, who leads)."""
+    the directory, who leads, the clock)."""
     self.relay = relay
+    self.clock = relay.clock
     self.gather_s = gather_s
     self.ack_wait_s = ack_wait_s
     # As a leader: rounds in a row without any of its host's rows.
@@ -137,7 +138,7 @@ class HostArrivals:
     if not self.waits_for_acks:
       return False
     path, me = self._ack_path(round_), str(self.relay.me)
-    deadline = time.monotonic() + self.ack_wait_s
+    deadline = self.clock.monotonic() + self.ack_wait_s
     pause = host_relay.FILE_POLL_S[0]
     while True:
       text = self.relay.read_file(path)
@@ -146,10 +147,10 @@ class HostArrivals:
         return me in text.split(",")
       if self.relay.refused is not None:
         return False
-      if time.monotonic() >= deadline:
+      if self.clock.monotonic() >= deadline:
         self._unacknowledged = round_
         return False
-      time.sleep(pause)
+      self.clock.sleep(pause)
       pause = min(host_relay.FILE_POLL_S[1], pause * 1.5)
 
   def _look_back(self):
@@ -177,7 +178,7 @@ class HostArrivals:
     mates = self.mates(members)
     if not mates or not self.active(round_):
       return {}
-    rows, deadline = {}, time.monotonic() + self.gather_s
+    rows, deadline = {}, self.clock.monotonic() + self.gather_s
     pause = host_relay.FILE_POLL_S[0]
     while True:
       for j in mates:
@@ -187,9 +188,9 @@ class HostArrivals:
             rows[j] = text
       if self.relay.refused is not None:
         return {}  # its mates post their own rows
-      if len(rows) == len(mates) or time.monotonic() >= deadline:
+      if len(rows) == len(mates) or self.clock.monotonic() >= deadline:
         break
-      time.sleep(pause)
+      self.clock.sleep(pause)
       pause = min(host_relay.FILE_POLL_S[1], pause * 1.5)
     for j in rows:
       host_relay.remove_file(self._path(round_, j))
@@ -219,10 +220,10 @@ class HostArrivals:
     else:
       store.set(key, text)
 
-  def read_leaders(self, store, prefix, round_, others, members, rows,
-                   deadline, is_gone):
+  def read_leaders(self, store, round_, others, members, rows, deadline,
+                   is_gone):
     """The chief, its host's rows read (`own_host`): every other host's
-    rows from its leader's key (`prefix` + worker) into `rows`; returns the
+    rows from its leader's arrival key into `rows`; returns the
     leaders asked (a leader not there by `deadline`, or whose process is
     gone, is left out: its host's others are then read one by one)."""
     if self.relay.token is None or round_ == 0:  # no one gathers yet
@@ -233,8 +234,8 @@ class HostArrivals:
         leaders.setdefault(self.relay.hosts[j], j)
     first = sorted(leaders.values())
     texts = kv_store.values_unless_gone(
-        store, [f"{prefix}{j}" for j in first], deadline,
-        lambda i: is_gone(first[i]))
+        store, [store_keys.arrival(round_, j) for j in first], deadline,
+        lambda i: is_gone(first[i]), self.clock)
     is_member = set(members)
     for leader, text in zip(first, texts):
       if text is not None:

@@ -26,7 +26,7 @@ goes, and at the end all but the last, which the host's other members may
 still be reading; the last of the host's members to finish removes the
 directory, and the first write of a job removes what earlier jobs left
 more than STALE_S ago (a worker that died before the end leaves it).
-No TensorFlow.
+Waits are `clock`'s (clock.py). No TensorFlow.
 """
 
 import os
@@ -36,6 +36,7 @@ import uuid
 
 from absl import logging
 
+from oscars_tf.protocol import clock as clock_lib
 from oscars_tf.protocol import host_files
 
 # A member looks for the round's file after 1 ms, then ever less often, up
@@ -61,13 +62,16 @@ def shared_directory():
 class HostRelay:
   """One worker's side of its host's relay."""
 
-  def __init__(self, hosts, me, directory=None, grace_s=GRACE_S):
+  def __init__(self, hosts, me, directory=None, grace_s=GRACE_S,
+               clock=None):
     """`hosts`: every worker's host (by worker index); `me`: this worker;
-    `grace_s`: how long to wait for a file once the round is out."""
+    `grace_s`: how long to wait for a file once the round is out; `clock`
+    (clock.py): whose time the waits are (None: the real one)."""
     self.hosts = tuple(hosts)
     self.me = me
     self.directory = directory or shared_directory()
     self.grace_s = grace_s
+    self.clock = clock_lib.real_unless(clock)
     self.token = None      # the job's incarnation (bind)
     self.job_directory = None  # the host's files, the job's user's alone
     self._directory_checked = False
@@ -179,9 +183,9 @@ class HostRelay:
     # The file usually comes first: the store is asked only after POLL_S,
     # so a member that waits for the decision less than that costs the
     # chief's process no RPC, and one that waits long a few.
-    out_since, asked, every = None, time.monotonic(), POLL_S
+    out_since, asked, every = None, self.clock.monotonic(), POLL_S
     pause = FILE_POLL_S[0]
-    while time.monotonic() < deadline:
+    while self.clock.monotonic() < deadline:
       text = self.read_file(path)
       if text is not None:
         self.misses = 0
@@ -189,7 +193,7 @@ class HostRelay:
         return text
       if self.refused is not None:
         return None
-      now = time.monotonic()
+      now = self.clock.monotonic()
       if out_since is None and now - asked >= every:
         asked, every = now, min(2 * every, POLL_MAX_S)
         if published():
@@ -197,7 +201,7 @@ class HostRelay:
       if out_since is not None and now - out_since >= self.grace_s:
         self._missed()
         return None
-      time.sleep(pause)
+      self.clock.sleep(pause)
       pause = min(FILE_POLL_S[1], pause * 1.5)
     return None
 

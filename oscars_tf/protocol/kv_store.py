@@ -4,14 +4,15 @@ The protocol modules (membership.py, rate_table.py) take any object with
 `set`, `get` and `delete` (and, optionally, `concurrent_reads`: how many
 `get`s it serves at once to good effect, and `read_dir`: every key under a
 directory in one call, or None); tests and the control-plane
-benchmark give them a `MemoryStore`. This module imports TensorFlow only
-when a `ContextStore` is made.
+benchmark give them a `MemoryStore` (the keys: store_keys.py). This
+module imports TensorFlow only when a `ContextStore` is made.
 """
 
 import bisect
 import concurrent.futures
 import threading
-import time
+
+from oscars_tf.protocol import clock as clock_lib
 
 PROBE_EVERY_S = 0.5  # a reader checks a late writer's process this often
 
@@ -20,18 +21,20 @@ class KeyMissing(Exception):
   """`get` found no value for the key within its timeout."""
 
 
-def value_unless_gone(store, key, deadline, gone):
-  """`key`'s value, or None if it is not set by `deadline` (monotonic) or
-  `gone()` turns True first (checked every PROBE_EVERY_S while waiting)."""
+def value_unless_gone(store, key, deadline, gone, clock=None):
+  """`key`'s value, or None if it is not set by `deadline` (monotonic, of
+  `clock`: clock.py) or `gone()` turns True first (checked every
+  PROBE_EVERY_S while waiting)."""
+  clock = clock_lib.real_unless(clock)
   while True:
     try:
-      return store.get(key, min(PROBE_EVERY_S, _left(deadline)))
+      return store.get(key, min(PROBE_EVERY_S, clock.left(deadline)))
     except KeyMissing:
-      if _left(deadline) <= 0 or gone():
+      if clock.left(deadline) <= 0 or gone():
         return None
 
 
-def values_unless_gone(store, keys, deadline, gone=None):
+def values_unless_gone(store, keys, deadline, gone=None, clock=None):
   """[value_unless_gone(store, keys[i], deadline, lambda: gone(i)), ...],
   read `store.concurrent_reads` keys at a time.
 
@@ -43,7 +46,7 @@ def values_unless_gone(store, keys, deadline, gone=None):
   gone = gone or (lambda i: False)
   width = min(int(getattr(store, "concurrent_reads", 1)), len(keys))
   if width <= 1:
-    return [value_unless_gone(store, k, deadline, lambda i=i: gone(i))
+    return [value_unless_gone(store, k, deadline, lambda i=i: gone(i), clock)
             for i, k in enumerate(keys)]
   values = [None] * len(keys)
   stop = threading.Event()  # the caller is gone: the readers give up
@@ -51,7 +54,8 @@ def values_unless_gone(store, keys, deadline, gone=None):
   def read_stride(first):
     for i in range(first, len(keys), width):
       values[i] = value_unless_gone(
-          store, keys[i], deadline, lambda i=i: stop.is_set() or gone(i))
+          store, keys[i], deadline, lambda i=i: stop.is_set() or gone(i),
+          clock)
   futures = []
   try:
     try:
@@ -86,10 +90,6 @@ def _readers(width):
     return _POOL["pool"]
 
 
-def _left(deadline):
-  return max(0.0, deadline - time.monotonic())
-
-
 def put(store, key, value):
   """Sets a key that may exist already (the service refuses to overwrite)."""
   store.delete(key)
@@ -100,12 +100,14 @@ class MemoryStore:
   """An in-memory store with the coordination service's semantics: `get`
   blocks until the key exists or the timeout passes, `set` refuses to
   overwrite, `delete` removes a directory too. For one process: protocol
-  tests and the control-plane benchmark."""
+  tests and the control-plane benchmark. `clock` (clock.py): whose time
+  `get`'s timeout is (None: the real one)."""
 
-  def __init__(self):
+  def __init__(self, clock=None):
     self.data = {}
     self._sorted = []  # data's keys in order: a directory is one slice
-    self._cv = threading.Condition()
+    self.clock = clock_lib.real_unless(clock)
+    self._cv = self.clock.condition()
 
   def set(self, key, value):
     with self._cv:
@@ -113,11 +115,12 @@ class MemoryStore:
         raise KeyError(f"{key} exists")
       self.data[key] = value
       bisect.insort(self._sorted, key)
-      self._cv.notify_all()
+      self.clock.notify_all(self._cv)
 
   def get(self, key, timeout_s):
     with self._cv:
-      if not self._cv.wait_for(lambda: key in self.data, timeout_s):
+      if not self.clock.wait_for(self._cv, lambda: key in self.data,
+                                 timeout_s):
         raise KeyMissing(key)
       return self.data[key]
 

@@ -28,24 +28,24 @@ service; tests use a dict).
 
 import base64
 import math
-import time
 
 import numpy as np
 
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.protocol import arrival_reads
+from oscars_tf.protocol import clock as clock_lib
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import delta_budget
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import rejoin
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.decision import Decision
 from oscars_tf.protocol.kv_store import KeyMissing
 from oscars_tf.protocol.kv_store import put as _put
 
-PREFIX = "oscars_tf/members/"
 POLL_S = 0.5  # a member's first wait for the decision (then doubled)
 LONG_POLL_S = 4.0  # a member's wait for the decision: at most this per RPC
 PUBLISH_MARGIN_S = 5.0  # at most: see _publish_margin
@@ -61,7 +61,7 @@ class Membership:
                decision_timeout, first_round_timeout=None, is_gone=None,
                distribution="deltas",
                bytes_per_member=delta_budget.BYTES_PER_MEMBER, relay=None,
-               hooks=None):
+               hooks=None, clock=None):
     """`is_gone(j)`: whether worker j's process is known to be gone (its
     server refuses connections); such a member is dropped at once instead
     of after the straggler timeout, which is for the live but slow.
@@ -81,11 +81,14 @@ class Membership:
 
     `hooks`: an object with `asked_to_rejoin()` (called once a dropped
     worker's request is in) and `dropped(workers)` (the chief, as it drops
-    them): fault-injection tests stop a process there, or wait for it."""
+    them): fault-injection tests stop a process there, or wait for it.
+
+    `clock`: whose time the waits are (clock.py; None: the real one)."""
     if distribution not in DISTRIBUTIONS:
       raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got "
                        f"{distribution!r}.")
     self.distribution = distribution
+    self.clock = clock_lib.real_unless(clock)
     self.bytes_per_member = bytes_per_member
     self.relay = relay if distribution == "deltas" else None
     # The host's rows gathered by its leader (host_arrivals.py).
@@ -111,7 +114,7 @@ class Membership:
     self._expected_steps = None  # k_i of the round being exchanged
     if self.relay is not None and me == 0:  # the job's incarnation
       self.relay.bind(host_relay.new_token())
-      _put(store, f"{PREFIX}job", self.relay.token)
+      _put(store, store_keys.job(), self.relay.token)
 
   # -- every worker --------------------------------------------------------
 
@@ -133,7 +136,7 @@ class Membership:
     travel ("deltas").
     """
     self._expected_steps = expected_steps
-    key = f"{PREFIX}a/{round_}/{self.me}"
+    key = store_keys.arrival(round_, self.me)
     if self.arrivals is not None and self.me != 0:  # the chief reads files
       self.arrivals.post(self.store, key, round_, _dump(row), self.members)
     else:
@@ -154,7 +157,7 @@ class Membership:
     host leaders remove their decision files, and the last of a host's
     members to finish the host's directory."""
     if self.me == 0:
-      _put(self.store, f"{PREFIX}finished", str(round_))
+      _put(self.store, store_keys.finished(), str(round_))
     if self.relay is not None and self.relay.leads(self.members):
       self.relay.remove_files(round_)
       if self.arrivals is not None:
@@ -165,7 +168,7 @@ class Membership:
   def say_done(self):
     """A worker other than the chief, at its exit: the chief may go."""
     try:
-      _put(self.store, f"{PREFIX}done/{self.me}", "1")
+      _put(self.store, store_keys.done(self.me), "1")
     except Exception:  # pylint: disable=broad-except
       pass  # the chief (and its store) is gone already
 
@@ -176,31 +179,32 @@ class Membership:
     otherwise lose the store under its feet."""
     others = [j for j in self.members if j != self.me]
     kv_store.values_unless_gone(
-        self.store, [f"{PREFIX}done/{j}" for j in others],
-        time.monotonic() + timeout, lambda i: self.is_gone(others[i]))
+        self.store, [store_keys.done(j) for j in others],
+        self.clock.monotonic() + timeout, lambda i: self.is_gone(others[i]),
+        self.clock)
 
   def _timeout(self, round_):
     return self.first_round_timeout if round_ == 0 else self.decision_timeout
 
   def _await(self, round_, timeout):
-    deadline = time.monotonic() + timeout
+    deadline = self.clock.monotonic() + timeout
     text = self._from_host(round_, deadline)
     if text is not None:
       return self._read_decision(round_, text)
     poll = POLL_S  # doubled each time: a long wait costs O(log) RPCs
     while True:
       try:
-        text = self.store.get(f"{PREFIX}d/{round_}",
-                              min(poll, _left(deadline)))
+        text = self.store.get(store_keys.decision(round_),
+                              min(poll, self.clock.left(deadline)))
         if self.relay is not None and self.relay.leads(self.members):
           self.relay.write(round_, text)
         return self._read_decision(round_, text)
       except KeyMissing:
         poll = min(2 * poll, LONG_POLL_S)
       # Back from a stall so long that the decision was deleted: dropped.
-      if _int_or(self._try_get(f"{PREFIX}latest"), -1) > round_:
+      if _int_or(self._try_get(store_keys.latest()), -1) > round_:
         return Decision(round_, (), (), (self.me,), (None,) * self.n)
-      if _left(deadline) <= 0:
+      if self.clock.left(deadline) <= 0:
         raise PeerTimeoutError(
             f"worker {self.me}: the chief (worker 0) decided no membership "
             f"for round {round_} within {timeout:.0f} s; it may have died or "
@@ -215,23 +219,24 @@ class Membership:
       return None
     if relay.token is None:  # the first round: the job's incarnation
       try:
-        relay.bind(self.store.get(f"{PREFIX}job", _left(deadline)))
+        relay.bind(self.store.get(store_keys.job(),
+                                  self.clock.left(deadline)))
       except KeyMissing:
         return None
     if relay.leads(self.members):
       return None
     return relay.wait(round_, deadline, lambda: _int_or(
-        self._try_get(f"{PREFIX}latest"), -1) >= round_)
+        self._try_get(store_keys.latest()), -1) >= round_)
 
   def _rejoin(self, round_, row):
-    t0 = time.monotonic()
+    t0 = self.clock.monotonic()
     decision = rejoin.wait_to_rejoin(
-        self.store, PREFIX, self.me, round_, _dump(row),
+        self.store, self.me, round_, _dump(row),
         self.decision_timeout,
         self._read_snapshot if self.distribution == "deltas" else None,
-        self._hooks.asked_to_rejoin)
+        self._hooks.asked_to_rejoin, self.clock)
     self.events.append((decision.round, "rejoined", self.me,
-                        time.monotonic() - t0))
+                        self.clock.monotonic() - t0))
     return decision
 
   def _read_decision(self, round_, text):
@@ -244,7 +249,7 @@ class Membership:
       held = changes.apply(self._snapshot, self.members,
                            self._expected_steps)
     if held is None:  # no previous snapshot, or it differs: the whole one
-      decision = self._read_snapshot(round_, time.monotonic() +
+      decision = self._read_snapshot(round_, self.clock.monotonic() +
                                      self.decision_timeout)
       if decision is None:
         raise PeerTimeoutError(
@@ -260,8 +265,8 @@ class Membership:
   def _read_snapshot(self, round_, deadline):
     """The whole decision of `round_` ("deltas"); None if it is gone."""
     try:
-      text = self.store.get(f"{PREFIX}s/{round_}",
-                            max(0.001, _left(deadline)))
+      text = self.store.get(store_keys.snapshot(round_),
+                            max(0.001, self.clock.left(deadline)))
     except KeyMissing:
       return None
     decision = Decision.decode(text)
@@ -275,7 +280,7 @@ class Membership:
     round_ = decision.round
     if self.distribution == "full":
       text = decision.encode()
-      self.store.set(f"{PREFIX}d/{round_}", text)
+      self.store.set(store_keys.decision(round_), text)
       # The chief plans from what the members decode (float32 rows), so
       # that its plan is theirs to the last bit.
       return Decision.decode(text)
@@ -286,16 +291,16 @@ class Membership:
         self._expected_steps, self.bytes_per_member)
     # The whole snapshot, for newcomers and members whose digest differs;
     # the chief's decision is made from it as every member makes theirs.
-    self.store.set(f"{PREFIX}s/{round_}", base64.b64encode(
+    self.store.set(store_keys.snapshot(round_), base64.b64encode(
         decision_codec.table_bytes(
             round_, self.n, decision.epoch_done, members,
             decision.newcomers, decision.dropped, snapshot[list(members)],
             decision.chief_plan)).decode("ascii"))
-    self.store.delete(f"{PREFIX}s/{round_ - KEEP_SNAPSHOTS}")
+    self.store.delete(store_keys.snapshot(round_ - KEEP_SNAPSHOTS))
     text = table_deltas.encode(
         round_, self.n, decision.epoch_done, decision.newcomers,
         decision.dropped, cells, table_deltas.digest(snapshot), ops, blocks)
-    self.store.set(f"{PREFIX}d/{round_}", text)
+    self.store.set(store_keys.decision(round_), text)
     if self.relay is not None:  # the chief leads its host
       self.relay.write(round_, text)
     self._snapshot, self._snapshot_round = snapshot, round_
@@ -317,12 +322,12 @@ class Membership:
     (arrival_reads.py); one not there by `deadline` (or whose process is
     gone) is left out."""
     arrival_reads.read_arrivals(
-        self.store, f"{PREFIX}a/{round_}/", round_, others, self.members,
-        rows, deadline, self.is_gone, self.arrivals)
+        self.store, round_, others, self.members, rows, deadline,
+        self.is_gone, self.arrivals, self.clock)
 
   def _decide(self, round_, my_row, epoch_done, chief_plan, expected_s=0.0):
     rows = {0: _dump(my_row)}  # store texts, decoded at once
-    t0 = time.monotonic()
+    t0 = self.clock.monotonic()
     straggler_s = (self.straggler_timeout if round_ else
                    self.first_round_timeout)
     # Invariant: the chief decides within a member's wait for the decision
@@ -341,15 +346,17 @@ class Membership:
     if dropped:
       self._hooks.dropped(dropped)
     for j in dropped:
-      self.events.append((round_, "dropped", j, time.monotonic() - t0))
+      self.events.append((round_, "dropped", j,
+                          self.clock.monotonic() - t0))
     newcomers = []
     was_member = set(self.members)  # a set: `in` a tuple is O(workers)
     outside = [j for j in range(1, self.n) if j not in was_member]
     asked = kv_store.values_unless_gone(  # no waiting: asked already or not
-        self.store, [f"{PREFIX}j/{j}" for j in outside], time.monotonic())
+        self.store, [store_keys.rejoin_request(j) for j in outside],
+        self.clock.monotonic(), clock=self.clock)
     for j, text in zip(outside, asked):
       if text is not None:
-        self.store.delete(f"{PREFIX}j/{j}")
+        self.store.delete(store_keys.rejoin_request(j))
         # One that died while it waited is not let in: every member would
         # wait for it in the round's collective until collective_timeout.
         if not self.is_gone(j):
@@ -357,7 +364,7 @@ class Membership:
           newcomers.append(j)
     # Every arrival of the round is read (or the chief's own): one call
     # deletes them all (a directory), not one RPC per member.
-    self.store.delete(f"{PREFIX}a/{round_}")
+    self.store.delete(store_keys.arrivals(round_))
     if newcomers and callable(chief_plan):  # made only when needed
       chief_plan = chief_plan()
     members = tuple(sorted(arrived + newcomers))
@@ -366,8 +373,8 @@ class Membership:
                         decision_codec.RowView(table, members), epoch_done,
                         chief_plan if newcomers else None, row_array=table)
     decision = self._publish(decision)
-    _put(self.store, f"{PREFIX}latest", str(round_))
-    self.store.delete(f"{PREFIX}d/{round_ - KEEP_ROUNDS}")
+    _put(self.store, store_keys.latest(), str(round_))
+    self.store.delete(store_keys.decision(round_ - KEEP_ROUNDS))
     return decision
 
 
@@ -382,10 +389,6 @@ class _NoHooks:
 
   def dropped(self, workers):
     pass
-
-
-def _left(deadline):
-  return max(0.0, deadline - time.monotonic())
 
 
 def _dump(row):

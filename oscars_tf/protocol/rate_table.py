@@ -16,8 +16,8 @@ from absl import logging
 
 from oscars_tf.policy import records
 from oscars_tf.protocol import kv_store
+from oscars_tf.protocol import store_keys
 
-KEY_PREFIX = "oscars_tf/table/"
 PUBLISH_EVERY_S = 1.0
 
 
@@ -56,7 +56,7 @@ class RateMeter:
 
 def publish(store, worker, entry: records.TableEntry, plan_digest: str):
   """Writes this worker's row to `store` (a coordination_store.ContextStore)."""
-  kv_store.put(store, f"{KEY_PREFIX}{worker}", json.dumps({
+  kv_store.put(store, store_keys.table_row(worker), json.dumps({
       "rate": entry.rate, "round": entry.round, "loss": entry.loss,
       "divergence": entry.divergence, "learning_rate": entry.learning_rate,
       "plan": plan_digest}))
@@ -91,7 +91,7 @@ def read_all(store, num_workers, timeout_s=2.0):
   rows = []
   for w in range(num_workers):
     try:
-      rows.append(json.loads(store.get(f"{KEY_PREFIX}{w}", timeout_s)))
+      rows.append(json.loads(store.get(store_keys.table_row(w), timeout_s)))
     except kv_store.KeyMissing:
       rows.append(None)
   return rows

@@ -20,10 +20,10 @@ on, until one names it a newcomer. Two skews of the store are handled here
 No TensorFlow here.
 """
 
-import time
-
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.errors import WorkerLostError
+from oscars_tf.protocol import clock as clock_lib
+from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
 from oscars_tf.protocol.decision import Decision
 from oscars_tf.protocol.kv_store import KeyMissing
@@ -32,8 +32,9 @@ from oscars_tf.protocol.kv_store import put
 POLL_S = 0.5  # a dropped worker checks for the end of training this often
 
 
-def wait_to_rejoin(store, prefix, me, round_, row_text, timeout,
-                   read_snapshot=None, asked_to_rejoin=lambda: None):
+def wait_to_rejoin(store, me, round_, row_text, timeout,
+                   read_snapshot=None, asked_to_rejoin=lambda: None,
+                   clock=None):
   """The Decision of the round that lets worker `me` back in.
 
   `me` was dropped at `round_` and asks with `row_text` (its encoded row);
@@ -41,31 +42,34 @@ def wait_to_rejoin(store, prefix, me, round_, row_text, timeout,
   seconds, or when training ends (WorkerLostError). `read_snapshot(r,
   deadline)`: the whole decision of round r, or None if it is gone
   ("deltas": the changes say who is new, the snapshot carries the chief's
-  plan); None: every decision key holds the whole one ("full")."""
-  deadline = time.monotonic() + timeout
+  plan); None: every decision key holds the whole one ("full"). `clock`:
+  whose time the waits are (clock.py; None: the real one)."""
+  clock = clock_lib.real_unless(clock)
+  deadline = clock.monotonic() + timeout
 
   def ask():
-    put(store, f"{prefix}j/{me}", row_text)
-  latest = _latest(store, prefix, deadline)
+    put(store, store_keys.rejoin_request(me), row_text)
+  latest = _latest(store, deadline, clock)
   ask()
   asked_to_rejoin()
   r = max(round_, latest) + 1
   while True:
     try:
-      text = store.get(f"{prefix}d/{r}", min(POLL_S, _left(deadline)))
+      text = store.get(store_keys.decision(r),
+                       min(POLL_S, clock.left(deadline)))
     except KeyMissing:
-      if _value_now(store, f"{prefix}finished") is not None:
+      if _value_now(store, store_keys.finished()) is not None:
         raise WorkerLostError(
             f"worker {me} was dropped at round {round_} (too late at its "
             "round end) and training ended before it could rejoin; the "
             "chief's model and checkpoint are the job's result.") from None
-      latest = _int_or(_value_now(store, f"{prefix}latest"), -1)
+      latest = _int_or(_value_now(store, store_keys.latest()), -1)
       if latest >= r:  # round r was decided and its decision deleted since
         ask()  # the chief may have read and dropped the request meanwhile
         r = latest + 1
         continue
-      if _left(deadline) <= 0:
-        store.delete(f"{prefix}j/{me}")  # not asking any more
+      if clock.left(deadline) <= 0:
+        store.delete(store_keys.rejoin_request(me))  # not asking any more
         raise PeerTimeoutError(
             f"worker {me}: dropped at round {round_}, and not let back in "
             f"within {timeout:.0f} s.") from None
@@ -86,11 +90,11 @@ def wait_to_rejoin(store, prefix, me, round_, row_text, timeout,
     r += 1
 
 
-def _latest(store, prefix, deadline):
+def _latest(store, deadline, clock):
   """The chief's latest round; waited for (until `deadline`) if missing:
   the chief is between its delete and set. -1 if it never comes."""
   try:
-    return _int_or(store.get(f"{prefix}latest", _left(deadline)), -1)
+    return _int_or(store.get(store_keys.latest(), clock.left(deadline)), -1)
   except KeyMissing:
     return -1
 
@@ -100,10 +104,6 @@ def _value_now(store, key):
     return store.get(key, 0.001)
   except KeyMissing:
     return None
-
-
-def _left(deadline):
-  return max(0.0, deadline - time.monotonic())
 
 
 def _int_or(text, default):
