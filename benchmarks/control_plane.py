@@ -48,10 +48,12 @@ from oscars_tf import schedules
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import distributions
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import membership_member
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
@@ -69,8 +71,8 @@ flags.DEFINE_integer("fault_round", 5, "The round the faults happen in.")
 flags.DEFINE_integer("seed", 0, "Seed of the rates and the faults.")
 flags.DEFINE_enum("grouping", "speed", ["speed", "host", "global"],
                   "The Adaptive schedule's grouping.")
-flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
-                 list(membership.DISTRIBUTIONS),
+flags.DEFINE_enum("distribution", distributions.DISTRIBUTIONS[0],
+                 list(distributions.DISTRIBUTIONS),
                  "How members get the round's table: the changes to the "
                  "snapshot they hold (the default), or the whole decision.")
 flags.DEFINE_float("noise", 0.0, "Lognormal sigma of the round-to-round "
@@ -322,7 +324,8 @@ def measure(n, rng):
     direct = set(readers)
     store.ops += sum(
         2 * control_plane_summary.polls_while_waiting(
-            last - t, membership.POLL_S, membership.LONG_POLL_S)
+            last - t, membership_member.POLL_S,
+            membership_member.LONG_POLL_S)
         if j in direct else control_plane_summary.polls_while_waiting(
             last - t, host_relay.POLL_S, host_relay.POLL_MAX_S)
         for j, t in arrival.items())

@@ -65,7 +65,7 @@ def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
 def polls_while_waiting(wait_s, first_s, longest_s):
   """How often a reader that waits `wait_s` for the round's decision asks
   the store again: first after `first_s`, then at doubling intervals up to
-  `longest_s` (membership.py's long poll: first_s=POLL_S,
+  `longest_s` (membership_member.py's long poll: first_s=POLL_S,
   longest_s=LONG_POLL_S, a get and a `latest` check each time; a host
   relay member's check of `latest`: host_relay.POLL_S and POLL_MAX_S)."""
   count, at, every = 0, first_s, first_s

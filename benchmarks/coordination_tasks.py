@@ -27,6 +27,7 @@ import numpy as np
 
 from oscars_tf import cluster
 from oscars_tf.protocol import decision_codec
+from oscars_tf.protocol import distributions
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
 from oscars_tf.protocol import kv_store
@@ -47,8 +48,8 @@ flags.DEFINE_float("chief_at", 0.3, "When in its slot the chief arrives.")
 flags.DEFINE_float("read_at", 0.7, "When in its slot the clients read.")
 flags.DEFINE_float("sigma", 0.5, "Lognormal sigma of the SIMULATED rates.")
 flags.DEFINE_integer("seed", 0, "Seed of the rates.")
-flags.DEFINE_enum("distribution", membership.DISTRIBUTIONS[0],
-                  list(membership.DISTRIBUTIONS),
+flags.DEFINE_enum("distribution", distributions.DISTRIBUTIONS[0],
+                  list(distributions.DISTRIBUTIONS),
                   "How members get the round's table (membership.py).")
 flags.DEFINE_integer("concurrent_reads",
                      coordination_store.ContextStore.concurrent_reads,

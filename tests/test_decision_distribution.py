@@ -264,7 +264,7 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     decision = chief.exchange(r, moved(_row(0, r)))
     arrivals = store.bytes_out
     # Every other member reads the round's decision; worker 1 for real.
-    held = reader._await(r, 1.0)  # pylint: disable=protected-access
+    held = reader.member_side.await_decision(r, 1.0)
     reader.members = held.members
     for _ in range(2, n):
       store.get(f"{store_keys.MEMBERS}d/{r}", 1.0)

@@ -14,7 +14,9 @@ from fake_store import FakeStore
 from fake_store import run_threads as _run
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.errors import WorkerLostError
+from oscars_tf.protocol import distributions
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import membership_chief
 from oscars_tf.protocol import store_keys
 
 
@@ -211,7 +213,7 @@ def test_a_chief_out_of_data_waits_for_the_others_round_before_dropping():
 def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
   # Issue 19: the chief's own arrival key and a late worker's were never
   # deleted, one key per round for ever.
-  monkeypatch.setattr(membership, "KEEP_ROUNDS", 20)
+  monkeypatch.setattr(membership_chief, "KEEP_ROUNDS", 20)
   store = FakeStore()
   # A long straggler timeout but in the rounds meant to drop worker 1: a
   # pause of a thread on a loaded machine must not drop it in another.
@@ -230,7 +232,7 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
       assert errs == [None, None], errs
   keys = sorted(store.data)
   # Decisions and snapshots kept, `latest`, rows.
-  assert len(keys) <= 20 + membership.KEEP_SNAPSHOTS + 3, keys
+  assert len(keys) <= 20 + distributions.KEEP_SNAPSHOTS + 3, keys
 
 
 def _rejoin_round(chief, store, r):
@@ -290,8 +292,8 @@ def test_a_long_run_keeps_the_store_bounded():
         f"no round finished in 30 s: {done}")
     before = list(done)
   assert errors == [None, None]
-  assert max(sizes) <= (membership.KEEP_ROUNDS + membership.KEEP_SNAPSHOTS
-                        + 3), sizes
+  assert max(sizes) <= (membership_chief.KEEP_ROUNDS +
+                        distributions.KEEP_SNAPSHOTS + 3), sizes
   assert sizes[-1] == sizes[0], sizes  # flat, not growing
 
 

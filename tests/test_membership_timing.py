@@ -12,6 +12,7 @@ import time
 from fake_store import FakeStore
 from fake_store import run_threads as _run
 from oscars_tf.protocol import membership
+from oscars_tf.protocol import membership_chief
 from oscars_tf.protocol import store_keys
 
 LATEST = f"{store_keys.MEMBERS}latest"
@@ -114,7 +115,7 @@ def test_a_rejoiner_whose_rounds_decision_was_deleted_asks_again(
   # 11c: a rejoiner held up past KEEP_ROUNDS rounds (let in, then dropped
   # again, while it was away) polled its round's deleted decision until
   # decision_timeout.
-  monkeypatch.setattr(membership, "KEEP_ROUNDS", 2)
+  monkeypatch.setattr(membership_chief, "KEEP_ROUNDS", 2)
   store = FakeStore()
   asked, resume = threading.Event(), threading.Event()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import multiworker
-from oscars_tf.protocol import membership
+from oscars_tf.protocol import membership_chief
 from oscars_tf.protocol import round_history
 
 pytestmark = pytest.mark.timeout(300)
@@ -289,14 +289,14 @@ def test_a_soak_past_the_kept_rounds_keeps_the_store_bounded():
   # exactly those and no arrival key (each is deleted once read), and every
   # worker ends with the model. (test_membership bounds it over a fake
   # store with a small KEEP_ROUNDS; this is the real coordination service.)
-  rounds = membership.KEEP_ROUNDS + 200
+  rounds = membership_chief.KEEP_ROUNDS + 200
   result = multiworker.run("soak", 3, {"rounds": rounds, "epochs": 3,
                                        "timeout": 60,
                                        "straggler_timeout": 30}, timeout=400)
   chief = result.outputs[0]
   assert chief["rounds"] >= rounds
   assert chief["old_decisions"] == 0, chief["old_decisions"]
-  assert chief["kept_decisions"] == membership.KEEP_ROUNDS, (
+  assert chief["kept_decisions"] == membership_chief.KEEP_ROUNDS, (
       chief["kept_decisions"], chief["missing_decisions"], chief["rounds"])
   assert chief["arrivals"] == 0, chief["arrivals"]
   assert chief["history"] == min(chief["rounds"], round_history.HISTORY_KEEP)

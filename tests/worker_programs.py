@@ -342,7 +342,7 @@ def soak(params):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from oscars_tf.protocol import kv_store  # pylint: disable=g-import-not-at-top
-  from oscars_tf.protocol import membership  # pylint: disable=g-import-not-at-top
+  from oscars_tf.protocol import membership_chief  # pylint: disable=g-import-not-at-top
   from oscars_tf.protocol import store_keys  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import coordination_store  # pylint: disable=g-import-not-at-top
   with strategy.scope():
@@ -360,7 +360,7 @@ def soak(params):
             "history": len(strategy.round_history),
             "weights": _flat(model).tolist()}
   if strategy.worker_index == 0:
-    store, p = coordination_store.ContextStore(), store_keys.MEMBERS
+    store = coordination_store.ContextStore()
 
     def present(key, timeout_s=0.001):
       try:
@@ -371,13 +371,13 @@ def soak(params):
     # Keys that should be there get a generous timeout (a loaded machine's
     # RPC can take over 1 ms); a probe of an absent key waits out a short
     # one, so absent keys are sampled (every 7th round: a leak is every key).
-    kept = range(max(0, rounds - membership.KEEP_ROUNDS), rounds)
-    missing = [r for r in kept if not present(f"{p}d/{r}", 0.5)]
+    kept = range(max(0, rounds - membership_chief.KEEP_ROUNDS), rounds)
+    missing = [r for r in kept if not present(store_keys.decision(r), 0.5)]
     result["kept_decisions"] = len(kept) - len(missing)
     result["missing_decisions"] = missing[:50]
-    result["old_decisions"] = sum(present(f"{p}d/{r}")
+    result["old_decisions"] = sum(present(store_keys.decision(r))
                                   for r in range(0, kept.start, 7))
-    result["arrivals"] = sum(present(f"{p}a/{r}/{w}")
+    result["arrivals"] = sum(present(store_keys.arrival(r, w))
                              for r in range(0, rounds + 5, 7)
                              for w in range(strategy.num_workers))
   _write(params, strategy, result)

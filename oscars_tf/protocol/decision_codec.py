@@ -11,7 +11,7 @@ The coordination service's Python API returns values decoded as UTF-8
 value is base64 text (4/3 of the bytes, still far below the JSON).
 
 Every member decodes the same text, so all hold the same float32 values;
-the chief plans from the decoded decision too (membership.py), never from
+the chief plans from the decoded decision too (distributions.py), never from
 the float64 rows it read, or its plan would differ in the last bits.
 """
 

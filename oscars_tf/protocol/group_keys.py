@@ -7,7 +7,7 @@ rounds at 256 workers). Here each distinct group gets the next number, in
 the order groups first appear in the plans. Every member registers every
 group of each round's plan in the same canonical order, from the same
 decision, so all members hold the same table; a worker that rejoins takes
-the chief's (see round_book.RoundBook._adopt).
+the chief's (see rejoin.adopt).
 
 No TensorFlow here.
 """

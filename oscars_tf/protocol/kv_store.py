@@ -90,6 +90,14 @@ def _readers(width):
     return _POOL["pool"]
 
 
+def value_now(store, key):
+  """`key`'s value now (a get of 1 ms), or None."""
+  try:
+    return store.get(key, 0.001)
+  except KeyMissing:
+    return None
+
+
 def put(store, key, value):
   """Sets a key that may exist already (the service refuses to overwrite)."""
   store.delete(key)

@@ -21,7 +21,6 @@ the epochs and data slices (epoch_book.py); the finished rounds go to
 round_history.py.
 """
 
-import dataclasses
 import math
 import time
 
@@ -31,9 +30,9 @@ import numpy as np
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
 from oscars_tf.protocol import epoch_book
-from oscars_tf.protocol import group_keys as group_keys_lib
 from oscars_tf.protocol import plan_log
 from oscars_tf.protocol import rate_table
+from oscars_tf.protocol import rejoin
 from oscars_tf.protocol import round_clock
 from oscars_tf.protocol import round_exchange
 from oscars_tf.protocol import round_history
@@ -180,28 +179,8 @@ class RoundBook:
     return self.exchange.round_peers()
 
   def _adopt(self, decision):
-    """A rejoining worker takes the cluster's round, epoch accounting and
-    planner state from the chief, so it plans and ends epochs like the
-    others from here on."""
-    logging.warning(
-        "oscars_tf: worker %d was dropped at round %d (late at its round "
-        "end) and rejoins at round %d with the group's model.", self.me,
-        self.round, decision.round)
-    self.round, self.epoch_done = decision.round, decision.epoch_done
-    self.meter.reset(self._rate_before)  # the stall is not its speed
-    adopted = decision.chief_plan or {}
-    self.group_keys = group_keys_lib.GroupKeys(
-        self.n, adopted.get("group_keys", [])[1:])
-    self.epoch_offset = adopted.get("epoch", self.epoch_index) - (
-        self.epoch_index)
-    # The round's plan as the others hold it (its own is from before the
-    # stall): the weights of this round, host shares included, then agree.
-    self.plan = dataclasses.replace(
-        self.plan, epoch_end=bool(adopted.get("epoch_end", False)),
-        local_steps=tuple(adopted.get("local_steps", self.plan.local_steps)))
-    if adopted.get("state") is not None:
-      self.plan = dataclasses.replace(
-          self.plan, state=type(self.plan.state)(**adopted["state"]))
+    """A rejoining worker takes the chief's round, epochs and plan."""
+    rejoin.adopt(self, decision, self._rate_before)
 
   def averaged(self, table_vec, divergence, step, bytes_sent):
     """The round's averaging is done: records it, plans the next round
