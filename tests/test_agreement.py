@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from fake_clock import FakeClock
 from fake_store import FakeStore
 from fake_store import run_threads
 from oscars_tf.errors import PeerTimeoutError
@@ -16,7 +17,8 @@ from oscars_tf.protocol import store_keys
 
 
 def _workers(store, n, straggler=0.5, decision=5.0):
-  return [agreement.Agreements(store, i, straggler, decision)
+  return [agreement.Agreements(store, i, straggler, decision,
+                               clock=store.clock)
           for i in range(n)]
 
 
@@ -31,7 +33,7 @@ def test_every_member_reads_every_members_numbers():
 
 
 def test_a_stalled_member_is_left_out_and_the_others_agree_in_time():
-  store = FakeStore()
+  store = FakeStore(FakeClock())
   ws = _workers(store, 3, straggler=0.3)
   release = threading.Event()
 
@@ -40,11 +42,12 @@ def test_a_stalled_member_is_left_out_and_the_others_agree_in_time():
     return ws[2].gather(0, (0, 1, 2), [9.0])
 
   out, errors = run_threads([lambda: ws[0].gather(0, (0, 1, 2), [1.0]),
-                             lambda: ws[1].gather(0, (0, 1, 2), [3.0])])
+                             lambda: ws[1].gather(0, (0, 1, 2), [3.0])],
+                            clock=store.clock)
   assert errors == [None, None]
   assert out[0] == out[1] == {0: [1.0], 1: [3.0]}
   release.set()
-  late, errors = run_threads([stalled])
+  late, errors = run_threads([stalled], clock=store.clock)
   assert errors == [None]
   assert late[0] == out[0]  # back, it reads the decision the others took
   # Nothing is left behind: the result alone stays, for late readers.
@@ -65,16 +68,18 @@ def test_agreements_at_one_round_are_told_apart_in_call_order():
 
 
 def test_only_members_are_waited_for():
-  store = FakeStore()
-  ws = _workers(store, 3, straggler=30.0)  # a wait for 2 would hang here
+  store = FakeStore(FakeClock())
+  ws = _workers(store, 3, straggler=30.0)
+  t0 = store.clock.monotonic()
   out, errors = run_threads([lambda w=w: w.gather(1, (0, 1), [w.me])
-                             for w in ws[:2]], timeout=10)
+                             for w in ws[:2]], timeout=10, clock=store.clock)
   assert errors == [None, None]
   assert out[0] == {0: [0], 1: [1]}
+  assert store.clock.monotonic() == t0  # no wait for 2
 
 
 def test_a_silent_chief_is_a_clear_error():
-  store = FakeStore()
+  store = FakeStore(FakeClock())
   ws = _workers(store, 2, decision=0.2)
   with pytest.raises(PeerTimeoutError, match="chief .* no result"):
     ws[1].gather(0, (0, 1), [1.0])
@@ -90,32 +95,43 @@ def test_results_kept_in_the_store_are_bounded(monkeypatch):
 
 
 def test_a_member_whose_process_is_gone_is_not_waited_for():
-  store = FakeStore()
-  chief = agreement.Agreements(store, 0, 30.0, 60.0, is_gone=lambda j: j == 2)
-  other = agreement.Agreements(store, 1, 30.0, 60.0)
+  store = FakeStore(FakeClock())
+  chief = agreement.Agreements(store, 0, 30.0, 60.0, is_gone=lambda j: j == 2,
+                               clock=store.clock)
+  other = agreement.Agreements(store, 1, 30.0, 60.0, clock=store.clock)
+  t0 = store.clock.monotonic()
   out, errors = run_threads([lambda: chief.gather(4, (0, 1, 2), [1.0]),
                              lambda: other.gather(4, (0, 1, 2), [2.0])],
-                            timeout=10)
+                            timeout=10, clock=store.clock)
   assert errors == [None, None] and out[0] == out[1] == {0: [1.0], 1: [2.0]}
+  assert store.clock.monotonic() - t0 < 1.0  # asked, not 30 s waited
 
 
 def test_the_chief_leaves_an_exchange_only_once_every_other_has_read():
   # The chief hosts the store: leaving first (e.g. to raise on a mismatch)
   # would take it away from a worker still reading.
-  store = FakeStore()
+  store = FakeStore(FakeClock())
+  clock = store.clock
   chief, other = _workers(store, 2, decision=30.0)
-  out = {}
-  thread = threading.Thread(
-      target=lambda: out.update(chief=chief.exchange("x", "a", (0, 1))))
-  thread.start()
-  store.set(store_keys.exchange_text("x", 0, 1), "b")  # posted, not read
-  thread.join(timeout=0.5)
-  assert thread.is_alive(), "the chief left before worker 1 had read"
-  store.set(store_keys.exchange_read("x", 0, 1), "1")  # worker 1 has read
-  thread.join(timeout=30)
-  assert not thread.is_alive() and out["chief"] == {0: "a", 1: "b"}
+  left = []
+
+  def chief_exchange():
+    texts = chief.exchange("x", "a", (0, 1))
+    left.append(clock.monotonic())
+    return texts
+
+  def worker_1_reading_slowly():
+    store.set(store_keys.exchange_text("x", 0, 1), "b")  # posted, not read
+    clock.sleep(5.0)
+    assert not left, "the chief left before worker 1 had read"
+    store.set(store_keys.exchange_read("x", 0, 1), "1")  # worker 1 has read
+  t0 = clock.monotonic()
+  out, errors = run_threads([chief_exchange, worker_1_reading_slowly],
+                            clock=clock)
+  assert errors == [None, None] and out[0] == {0: "a", 1: "b"}
+  assert left == [t0 + 5.0]  # as soon as worker 1 had read
   # A worker says so once it has read.
   got, errors = run_threads([lambda w=w: w.exchange("y", str(w.me), (0, 1))
-                             for w in (chief, other)])
+                             for w in (chief, other)], clock=clock)
   assert errors == [None, None] and got[1] == {0: "0", 1: "1"}
   assert store_keys.exchange_read("y", 0, 1) in store.data

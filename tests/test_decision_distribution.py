@@ -9,12 +9,16 @@ import math
 import numpy as np
 import pytest
 
+from fake_clock import FakeClock
 from fake_store import FakeStore
-from fake_store import run_threads as _run
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import store_keys
 from oscars_tf.protocol import table_deltas
+from protocol_helpers import exchange
+from protocol_helpers import row as _row
+from protocol_helpers import run
+from protocol_helpers import workers
 
 
 class CountingStore(FakeStore):
@@ -28,12 +32,6 @@ class CountingStore(FakeStore):
     value = super().get(key, timeout_s)
     self.bytes_out += len(value)
     return value
-
-
-def _row(worker, round_, rate=None):
-  # rate, round, loss, divergence, lr, steps, healthy, exhausted, sync_cost
-  return [rate or 10.0 + worker, round_, 1.0, math.nan, 0.1, 8.0, 1.0, 0.0,
-          0.01]
 
 
 def test_a_decision_survives_the_compact_form_with_nan_and_missing_rows():
@@ -190,10 +188,7 @@ def test_a_holder_with_another_plan_finds_out_by_the_digest():
 
 
 def _workers(store, n, straggler=0.3, distribution="deltas"):
-  return [membership.Membership(store, i, n, straggler, 5.0,
-                                first_round_timeout=straggler,
-                                distribution=distribution)
-          for i in range(n)]
+  return workers(store, n, straggler, 5.0, distribution=distribution)
 
 
 def _same(decisions):
@@ -205,36 +200,36 @@ def _same(decisions):
 
 
 def test_deltas_agree_through_a_death_and_a_rejoin():
-  store = FakeStore()
+  store = FakeStore(FakeClock())
   ws = _workers(store, 4)
-  out, errors = _run([lambda w=w: w.exchange(0, _row(w.me, 0)) for w in ws])
+  out, errors = exchange(ws, 0)
   assert errors == [None] * 4
   _same(out)
   # Round 1: worker 3 is late (dropped); it rejoins at round 2.
-  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me, 1))
-                      for w in ws[:3]])
+  out, errors = exchange(ws[:3], 1)
   assert errors == [None] * 3 and out[0].dropped == (3,)
   _same(out)
   assert math.isnan(out[0].row_array[3, 0])  # a non-member has no row
   late = []
 
   def rejoiner():
-    store.wait_for_key(f"{store_keys.MEMBERS}d/1")
+    store.wait_for_key(store_keys.decision(1))
     late.append(ws[3].exchange(1, _row(3, 1), rate_before=20.0))
-  _, errors = _run([rejoiner] + [
-      lambda w=w: (store.wait_for_key(f"{store_keys.MEMBERS}j/3"),
-                   w.exchange(2, _row(w.me, 2)))[1] for w in ws[:3]])
+  _, errors = run([rejoiner] + [
+      lambda w=w: (store.wait_for_key(store_keys.rejoin_request(3)),
+                   w.exchange(2, _row(w.me, 2)))[1] for w in ws[:3]],
+                  store.clock)
   assert errors == [None] * 4, errors
   assert late[0].round == 2 and late[0].newcomers == (3,)
   assert late[0].row_array[3, 0] == 20.0  # its rate from before the stall
   # Round 3: everyone, the rejoiner from the whole snapshot it read.
-  out, errors = _run([lambda w=w: w.exchange(3, _row(w.me, 3)) for w in ws])
+  out, errors = exchange(ws, 3)
   assert errors == [None] * 4
   _same(out)
   assert out[0].members == (0, 1, 2, 3) and out[3].row_array[3, 0] == 13.0
   # The rows are those of the full distribution, within the tolerance.
-  full = _workers(FakeStore(), 4, distribution="full")
-  ref, _ = _run([lambda w=w: w.exchange(0, _row(w.me, 3)) for w in full])
+  full = _workers(FakeStore(FakeClock()), 4, distribution="full")
+  ref, _ = exchange(full, 0, row_of=lambda j, r: _row(j, 3))
   np.testing.assert_allclose(out[0].row_array[:3, 0], ref[0].row_array[:3, 0])
 
 
@@ -258,7 +253,7 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     moved = (lambda row: [row[0] * 1.05, row[1], 0.9, *row[3:]]) if r == 3 \
         else (lambda row: row)
     for j in range(1, n):
-      store.set(f"{store_keys.MEMBERS}a/{r}/{j}",
+      store.set(store_keys.arrival(r, j),
                 decision_codec.encode_row(moved(_row(j, r))))
     store.bytes_out = 0
     decision = chief.exchange(r, moved(_row(0, r)))
@@ -267,7 +262,7 @@ def test_bytes_out_of_the_chief_per_round_at_1024_workers(distribution,
     held = reader.member_side.await_decision(r, 1.0)
     reader.members = held.members
     for _ in range(2, n):
-      store.get(f"{store_keys.MEMBERS}d/{r}", 1.0)
+      store.get(store_keys.decision(r), 1.0)
     per_round.append(store.bytes_out - arrivals)
     assert held.members == decision.members
     np.testing.assert_array_equal(held.row_array, decision.row_array)

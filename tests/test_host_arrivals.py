@@ -5,26 +5,27 @@ nothing depends on the files: a leader that is gone, a row that came late
 and a host without a shared file system all end in the member posting and
 the chief reading its own key, with the same decision.
 
-Workers are threads on an in-memory store; a "host's" file directory is a
-pytest tmp_path."""
+Workers are threads on an in-memory store and a fake clock (fake_clock.py:
+a gathering's or a member's wait passes at once, in the order the waits
+say); a "host's" file directory is a pytest tmp_path."""
 
 import glob
-import math
 import os
 import pathlib
 import stat
-import time
 import uuid
 
 import pytest
 
+from fake_clock import FakeClock
 from fake_store import FakeStore
 from fake_store import give_to_another_user
-from fake_store import run_threads
 from oscars_tf.protocol import host_arrivals
 from oscars_tf.protocol import host_relay
-from oscars_tf.protocol import membership
 from oscars_tf.protocol import store_keys
+from protocol_helpers import row
+from protocol_helpers import run
+from protocol_helpers import workers
 
 HOSTS = ("10.0.0.1",) * 3 + ("10.0.0.2",) * 3 + ("10.0.0.3",) * 3
 
@@ -38,40 +39,36 @@ class ArrivalReads(FakeStore):
   read_dir = None
 
   def __init__(self, on_post=None):
-    super().__init__()
+    super().__init__(FakeClock())
     self.asked = {}  # round -> {worker whose key}
     self.posted = {}  # round -> {worker whose key}
     self.on_post = on_post or (lambda worker: None)
 
   def get(self, key, timeout_s):
-    if key.startswith(f"{store_keys.MEMBERS}a/"):
-      _, round_, worker = key.rsplit("/", 2)
-      self.asked.setdefault(int(round_), set()).add(int(worker))
+    arrival = store_keys.arrival_of(key)
+    if arrival is not None:
+      round_, worker = arrival
+      self.asked.setdefault(round_, set()).add(worker)
     return super().get(key, timeout_s)
 
   def set(self, key, value):
     super().set(key, value)
-    if key.startswith(f"{store_keys.MEMBERS}a/"):
-      _, round_, worker = key.rsplit("/", 2)
-      self.posted.setdefault(int(round_), set()).add(int(worker))
-      self.on_post(int(worker))
-
-
-def _row(worker, round_):
-  return [10.0 + worker, float(round_), 1.0, math.nan, 0.1, 8.0, 1.0, 0.0,
-          0.1]
+    arrival = store_keys.arrival_of(key)
+    if arrival is not None:
+      round_, worker = arrival
+      self.posted.setdefault(round_, set()).add(worker)
+      self.on_post(worker)
 
 
 def _job(store, directories, straggler=1.0, gather_s=5.0, gone=(),
          relay_grace_s=5.0):
   """`relay_grace_s`: how long a member waits for its leader's decision
   file (the whole of it, every round, where the host shares no files)."""
-  ws = [membership.Membership(
-      store, i, len(HOSTS), straggler, 20.0, first_round_timeout=5.0,
-      is_gone=lambda j: j in gone,
-      relay=host_relay.HostRelay(HOSTS, i, directories[i],
-                                 grace_s=relay_grace_s))
-        for i in range(len(HOSTS))]
+  ws = workers(store, len(HOSTS), straggler, 20.0, first_round=5.0,
+               is_gone=lambda j: j in gone,
+               relay_for=lambda i: host_relay.HostRelay(
+                   HOSTS, i, directories[i], grace_s=relay_grace_s,
+                   clock=store.clock))
   for w in ws:
     w.arrivals.gather_s = gather_s
   return ws
@@ -80,10 +77,10 @@ def _job(store, directories, straggler=1.0, gather_s=5.0, gone=(),
 def _round(ws, r, who=None, late=None, late_s=0.0):
   def one(w):
     if w.me == late:
-      time.sleep(late_s)
-    return w.exchange(r, _row(w.me, r))
-  out, errors = run_threads([lambda w=w: one(w) for w in ws
-                             if who is None or w.me in who])
+      w.clock.sleep(late_s)
+    return w.exchange(r, row(w.me, r))
+  out, errors = run([lambda w=w: one(w) for w in ws
+                     if who is None or w.me in who], ws[0].clock)
   assert errors == [None] * len(out), errors
   assert len({d.to_json() for d in out}) == 1  # every member agrees
   return out[0]

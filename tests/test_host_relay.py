@@ -3,23 +3,26 @@ them on through a file (protocol/host_relay.py); the others never depend
 on it: a leader that is gone, a host without a shared file system and a
 file of an earlier job all end in reading the chief's.
 
-Workers are threads on an in-memory store; each host's file directory is a
-pytest tmp_path (two "hosts" may share one, as on one machine)."""
+Workers are threads on an in-memory store and a fake clock (fake_clock.py:
+a grace or a poll passes at once); each host's file directory is a pytest
+tmp_path (two "hosts" may share one, as on one machine)."""
 
-import math
 import os
 import stat
+import threading
 import time
 import uuid
 
 import pytest
 
+from fake_clock import FakeClock
 from fake_store import FakeStore
 from fake_store import give_to_another_user
-from fake_store import run_threads
 from oscars_tf.protocol import host_relay
-from oscars_tf.protocol import membership
 from oscars_tf.protocol import store_keys
+from protocol_helpers import row
+from protocol_helpers import run
+from protocol_helpers import workers
 
 HOSTS = ("10.0.0.1",) * 2 + ("10.0.0.2",) * 2  # workers 0, 1 | 2, 3
 
@@ -28,38 +31,30 @@ class CountingStore(FakeStore):
   """Which worker read each round's changes from the chief (by thread)."""
 
   def __init__(self):
-    super().__init__()
+    super().__init__(FakeClock())
     self.changes_read = []  # (reader, key)
     self.reader = {}        # thread id -> worker
 
   def get(self, key, timeout_s):
     value = super().get(key, timeout_s)
-    if key.startswith(f"{store_keys.MEMBERS}d/"):
-      import threading  # pylint: disable=import-outside-toplevel
+    if store_keys.decision_round(key) is not None:
       self.changes_read.append((self.reader.get(threading.get_ident()),
                                 key))
     return value
 
 
-def _row(worker):
-  return [10.0 + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0, 0.0, 0.1]
-
-
 def _job(store, directories, straggler=0.5, grace_s=host_relay.GRACE_S):
-  return [membership.Membership(
-      store, i, len(HOSTS), straggler, 10.0, first_round_timeout=straggler,
-      relay=host_relay.HostRelay(HOSTS, i, directories[i], grace_s))
-          for i in range(len(HOSTS))]
+  return workers(store, len(HOSTS), straggler, 10.0,
+                 relay_for=lambda i: host_relay.HostRelay(
+                     HOSTS, i, directories[i], grace_s, clock=store.clock))
 
 
 def _round(store, ws, r, who=None):
-  import threading  # pylint: disable=import-outside-toplevel
-
   def one(w):
     store.reader[threading.get_ident()] = w.me
-    return w.exchange(r, _row(w.me))
-  out, errors = run_threads([lambda w=w: one(w) for w in ws
-                             if who is None or w.me in who])
+    return w.exchange(r, row(w.me))
+  out, errors = run([lambda w=w: one(w) for w in ws
+                     if who is None or w.me in who], store.clock)
   assert errors == [None] * len(out), errors
   return out
 
@@ -96,10 +91,10 @@ def test_a_host_whose_leader_is_gone_reads_the_chiefs(tmp_path):
   # chief's decision after the grace, and leads its host from then on.
   out = _round(store, ws, 1, who=(0, 1, 3))
   assert out[0].dropped == (2,) and len({d.to_json() for d in out}) == 1
-  assert (3, f"{store_keys.MEMBERS}d/1") in store.changes_read
+  assert (3, store_keys.decision(1)) in store.changes_read
   assert ws[3].relay.misses >= 1
   _round(store, ws, 2, who=(0, 1, 3))
-  assert (3, f"{store_keys.MEMBERS}d/2") in store.changes_read
+  assert (3, store_keys.decision(2)) in store.changes_read
 
 
 def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
@@ -116,25 +111,26 @@ def test_members_that_share_no_file_system_stop_waiting_for_files(tmp_path):
   # Once stopped, they read from the chief at once every round.
   last = host_relay.MISSES_TO_STOP + 1
   assert {w for w, k in store.changes_read
-          if k == f"{store_keys.MEMBERS}d/{last}"} == {1, 2, 3}
+          if k == store_keys.decision(last)} == {1, 2, 3}
 
 
 def test_a_member_asks_the_store_late_and_ever_less_often(tmp_path):
-  relay = host_relay.HostRelay(HOSTS, 1, str(tmp_path))
+  clock = FakeClock()
+  relay = host_relay.HostRelay(HOSTS, 1, str(tmp_path), clock=clock)
   relay.bind("job")
   asked = []
   # The file is there: the store is never asked.
-  leader = host_relay.HostRelay(HOSTS, 0, str(tmp_path))
+  leader = host_relay.HostRelay(HOSTS, 0, str(tmp_path), clock=clock)
   leader.bind("job")
   leader.write(1, "changes")
-  assert relay.wait(1, time.monotonic() + 5, lambda: asked.append(1)) == (
+  assert relay.wait(1, clock.monotonic() + 5, lambda: asked.append(1)) == (
       "changes")
   assert not asked
   # No file and no decision for 2.5 s: asked at 0.5 and 1.5 s only (once
   # every POLL_S, as before: 5 times, each an RPC of the chief's process).
-  assert relay.wait(2, time.monotonic() + 2.5,
+  assert relay.wait(2, clock.monotonic() + 2.5,
                     lambda: asked.append(1)) is None
-  assert 1 <= len(asked) <= 2, asked
+  assert len(asked) == 2, asked
 
 
 def test_a_file_of_an_earlier_job_is_never_read(tmp_path):

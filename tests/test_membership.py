@@ -1,39 +1,40 @@
 """The round-membership protocol (membership.py) on an in-memory store.
 
-Workers are threads here; the real store (TensorFlow's coordination
-service) is exercised by test_faults.py and the multi-process tests.
+Workers are threads here, most on a fake clock (fake_clock.py: timeouts
+pass at once, and a test's timings are exact); the real store (TensorFlow's
+coordination service) is exercised by test_faults.py and the multi-process
+tests.
 """
 
 import math
 import threading
-import time
 
 import pytest
 
+from fake_clock import FakeClock
 from fake_store import FakeStore
-from fake_store import run_threads as _run
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import distributions
 from oscars_tf.protocol import membership
 from oscars_tf.protocol import membership_chief
 from oscars_tf.protocol import store_keys
+from protocol_helpers import exchange
+from protocol_helpers import row
+from protocol_helpers import run
+from protocol_helpers import workers
 
 
-def _row(worker, rate=10.0):
-  return [rate + worker, 0.0, 1.0, math.nan, 0.1, 8.0, 1.0]
-
-
-def _workers(store, n, straggler=0.5, decision=5.0, first_round=None):
-  return [membership.Membership(store, i, n, straggler, decision,
-                                first_round_timeout=first_round or straggler)
-          for i in range(n)]
+def _store():
+  return FakeStore(FakeClock())
 
 
 def test_every_member_gets_the_same_decision_with_every_row():
+  # The real clock: a FakeStore on it reads several keys at once, as the
+  # real service does (kv_store's reader threads).
   store = FakeStore()
-  ws = _workers(store, 3)
-  out, errors = _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+  ws = workers(store, 3)
+  out, errors = exchange(ws, 0)
   assert errors == [None] * 3
   assert out[0].to_json() == out[1].to_json() == out[2].to_json()
   assert out[0].members == (0, 1, 2) and out[0].dropped == ()
@@ -41,52 +42,48 @@ def test_every_member_gets_the_same_decision_with_every_row():
 
 
 def test_a_worker_that_does_not_arrive_is_dropped_after_the_timeout():
-  store = FakeStore()
-  ws = _workers(store, 3, straggler=0.3)
-  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
-  start = time.monotonic()
-  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])
-  waited = time.monotonic() - start
+  store = _store()
+  clock = store.clock
+  ws = workers(store, 3, straggler=0.3)
+  exchange(ws, 0)
+  start = clock.monotonic()
+  out, errors = exchange(ws[:2], 1)
+  waited = clock.monotonic() - start
   assert errors == [None, None]
   assert out[0].to_json() == out[1].to_json()
   assert out[0].members == (0, 1) and out[0].dropped == (2,)
   assert out[0].rows[2] is None
-  assert 0.3 <= waited < 2.0
+  assert waited == pytest.approx(0.3)
   assert ws[0].events[0][:3] == (1, "dropped", 2)
-  # Round 2: the chief does not wait for the dropped worker again. A long
-  # timeout now, so that the bound, half of it, tells a wait from a pause
-  # of a thread on a loaded machine (it was 0.25 s against 0.3 s).
-  for w in ws:
-    w.straggler_timeout = 5.0
-  start = time.monotonic()
-  out, _ = _run([lambda w=w: w.exchange(2, _row(w.me)) for w in ws[:2]])
-  assert out[0].members == (0, 1) and time.monotonic() - start < 2.5
+  assert ws[0].events[0][3] == pytest.approx(0.3)
+  # Round 2: the chief does not wait for the dropped worker again.
+  start = clock.monotonic()
+  out, _ = exchange(ws[:2], 2)
+  assert out[0].members == (0, 1) and clock.monotonic() == start
 
 
 def test_a_late_worker_rejoins_at_a_later_round_with_its_rate_before():
-  store = FakeStore()
-  ws = _workers(store, 3, straggler=0.3)
-  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
-  _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
+  store = _store()
+  ws = workers(store, 3, straggler=0.3)
+  exchange(ws, 0)
+  exchange(ws[:2], 1)  # 2 dropped
 
   def late():  # back from its stall, still at its round 1
-    return ws[2].exchange(1, _row(2, rate=0.01), rate_before=7.5)
+    return ws[2].exchange(1, row(2, rate=0.01), rate_before=7.5)
 
-  def others():
-    store.wait_for_key(f"{store_keys.MEMBERS}j/2")  # worker 2 asked to rejoin
+  def others(i):
+    if i == 0:  # the chief decides once worker 2 asked to rejoin
+      store.wait_for_key(store_keys.rejoin_request(2))
     got = []
     for r in range(2, 5):  # the next round lets it back in
-      d = [None, None]
-      _, errs = _run([lambda i=i, d=d, r=r: d.__setitem__(i, ws[i].exchange(
-          r, _row(i))) for i in (0, 1)])
-      assert errs == [None, None]
-      got.append(d[0])
-      if 2 in d[0].members:
+      got.append(ws[i].exchange(r, row(i, r)))
+      if 2 in got[-1].members:
         return got
     return got
-  out, errors = _run([late, others])
-  assert errors == [None, None]
-  back, history = out
+  out, errors = run([late, lambda: others(0), lambda: others(1)],
+                    store.clock)
+  assert errors == [None, None, None]
+  back, history = out[:2]
   assert back.round > 1 and back.newcomers == (2,)
   assert history[-1].to_json() == back.to_json() and back.members == (0, 1, 2)
   # Its stall is not its speed: it is planned at the rate it had before
@@ -97,37 +94,41 @@ def test_a_late_worker_rejoins_at_a_later_round_with_its_rate_before():
 
 
 def test_round_zero_waits_longer_since_it_holds_start_up():
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.1, first_round=2.0)
+  store = _store()
+  ws = workers(store, 2, straggler=0.1, first_round=2.0)
 
   def slow_start():
-    time.sleep(0.5)  # tracing, say: longer than the straggler timeout
-    return ws[1].exchange(0, _row(1))
-  out, errors = _run([lambda: ws[0].exchange(0, _row(0)), slow_start])
+    store.clock.sleep(0.5)  # tracing, say: longer than the straggler timeout
+    return ws[1].exchange(0, row(1))
+  out, errors = run([lambda: ws[0].exchange(0, row(0)), slow_start],
+                    store.clock)
   assert errors == [None, None]
   assert out[0].members == (0, 1)
 
 
 def test_newcomers_get_the_chiefs_plan_context():
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.2)
-  _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
+  store = _store()
+  ws = workers(store, 2, straggler=0.2)
+  exchange(ws[:1], 0)  # worker 1 dropped at round 0
   context = {"epoch": 3, "epoch_end": False, "state": {"period": 4.0}}
   def chief_round_1():
-    store.wait_for_key(f"{store_keys.MEMBERS}j/1")  # worker 1 asked to rejoin
-    return ws[0].exchange(1, _row(0), 17, context)
-  out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_1])
+    store.wait_for_key(store_keys.rejoin_request(1))  # worker 1 asked
+    return ws[0].exchange(1, row(0), 17, context)
+  out, errors = run([lambda: ws[1].exchange(0, row(1)), chief_round_1],
+                    store.clock)
   assert errors == [None, None]
   assert out[0].to_json() == out[1].to_json()
   assert out[0].chief_plan == context and out[0].epoch_done == 17
 
 
 def test_a_worker_waits_for_a_missing_chief_only_until_the_timeout():
-  ws = _workers(FakeStore(), 2, decision=0.6)
-  start = time.monotonic()
+  store = _store()
+  ws = workers(store, 2, decision=0.6)
+  start = store.clock.monotonic()
   with pytest.raises(PeerTimeoutError, match="chief .* decided no membership"):
-    ws[1].exchange(3, _row(1))
-  assert time.monotonic() - start < 3
+    ws[1].exchange(3, row(1))
+  # The timeout, and two checks of `latest` (1 ms each).
+  assert 0.6 <= store.clock.monotonic() - start < 0.7
 
 
 def test_a_long_wait_for_the_decision_costs_few_requests():
@@ -135,40 +136,41 @@ def test_a_long_wait_for_the_decision_costs_few_requests():
     gets = 0
 
     def get(self, key, timeout_s):
-      if key.startswith(f"{store_keys.MEMBERS}d/"):
+      if store_keys.decision_round(key) is not None:
         self.gets += 1
       return super().get(key, timeout_s)
-  store = DecisionGets()
-  ws = _workers(store, 2, decision=3.4)
+  store = DecisionGets(FakeClock())
+  ws = workers(store, 2, decision=3.4)
   with pytest.raises(PeerTimeoutError):
-    ws[1].exchange(3, _row(1))
+    ws[1].exchange(3, row(1))
   # Long polls of 0.5, 1 and 2 s (not one every 0.5 s: 7): each request
   # is one the chief's process serves.
   assert store.gets <= 3, store.gets
 
 
 def test_a_dropped_worker_stops_waiting_when_training_ended():
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.2)
-  ws[0].exchange(0, _row(0))  # worker 1 is dropped
+  store = _store()
+  ws = workers(store, 2, straggler=0.2)
+  ws[0].exchange(0, row(0))  # worker 1 is dropped
   ws[0].finish(0)
-  start = time.monotonic()
+  start = store.clock.monotonic()
   with pytest.raises(WorkerLostError, match="training ended before"):
-    ws[1].exchange(0, _row(1))
-  assert time.monotonic() - start < 3
+    ws[1].exchange(0, row(1))
+  assert store.clock.monotonic() - start < 1.0  # its first look
 
 
 def test_a_decision_deleted_while_a_worker_slept_means_it_was_dropped():
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.1)
-  ws[0].exchange(0, _row(0))  # worker 1 dropped at round 0
-  ws[0].exchange(1, _row(0))
-  store.delete(f"{store_keys.MEMBERS}d/0")  # as KEEP_ROUNDS later rounds do
+  store = _store()
+  ws = workers(store, 2, straggler=0.1)
+  ws[0].exchange(0, row(0))  # worker 1 dropped at round 0
+  ws[0].exchange(1, row(0))
+  store.delete(store_keys.decision(0))  # as KEEP_ROUNDS later rounds do
 
   def chief_round_2():
-    store.wait_for_key(f"{store_keys.MEMBERS}j/1")  # worker 1 asked to rejoin
-    return ws[0].exchange(2, _row(0))
-  out, errors = _run([lambda: ws[1].exchange(0, _row(1)), chief_round_2])
+    store.wait_for_key(store_keys.rejoin_request(1))  # worker 1 asked
+    return ws[0].exchange(2, row(0))
+  out, errors = run([lambda: ws[1].exchange(0, row(1)), chief_round_2],
+                    store.clock)
   assert errors == [None, None]
   assert out[0].round == 2 and out[0].newcomers == (1,)
 
@@ -192,20 +194,20 @@ def test_bad_timeouts_are_refused():
 def test_a_chief_out_of_data_waits_for_the_others_round_before_dropping():
   """A chief whose data ran out arrives early; it gives the others the
   rest of their round (`expected_s`) before its straggler timeout runs."""
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.2)
-  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
-  arrived = threading.Event()
+  store = _store()
+  ws = workers(store, 2, straggler=0.2)
+  exchange(ws, 0)
+  arrived = store.clock.event()
 
   def late_worker():
-    arrived.wait(5)  # the chief is already waiting
-    time.sleep(0.5)  # the rest of its round: longer than the timeout
-    return ws[1].exchange(1, _row(1))
+    assert arrived.wait(5)  # the chief is already waiting
+    store.clock.sleep(0.5)  # the rest of its round: longer than the timeout
+    return ws[1].exchange(1, row(1))
 
   def chief():
     arrived.set()
-    return ws[0].exchange(1, _row(0), expected_s=1.0)
-  out, errors = _run([chief, late_worker])
+    return ws[0].exchange(1, row(0), expected_s=1.0)
+  out, errors = run([chief, late_worker], store.clock)
   assert errors == [None, None]
   assert out[0].members == (0, 1) and out[0].dropped == ()
 
@@ -214,21 +216,19 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
   # Issue 19: the chief's own arrival key and a late worker's were never
   # deleted, one key per round for ever.
   monkeypatch.setattr(membership_chief, "KEEP_ROUNDS", 20)
-  store = FakeStore()
-  # A long straggler timeout but in the rounds meant to drop worker 1: a
-  # pause of a thread on a loaded machine must not drop it in another.
-  ws = _workers(store, 2, straggler=5.0)
+  store = _store()
+  ws = workers(store, 2, straggler=5.0)
   for r in range(600):
     if r % 50 == 7:  # worker 1 is late: dropped, then back at a later round
       ws[0].straggler_timeout = 0.05
-      _run([lambda r=r: ws[0].exchange(r, _row(0))])
+      exchange(ws[:1], r)
       ws[0].straggler_timeout = 5.0
-      late, errs = _run([lambda r=r: ws[1].exchange(r, _row(1)),
-                         lambda r=r: _rejoin_round(ws[0], store, r + 1)])
+      late, errs = run([lambda r=r: ws[1].exchange(r, row(1)),
+                        lambda r=r: _rejoin_round(ws[0], store, r + 1)],
+                       store.clock)
       assert errs == [None, None] and late[0].round == r + 1, errs
     elif r % 50 != 8:
-      _, errs = _run([lambda w=w, r=r: w.exchange(r, _row(w.me))
-                      for w in ws])
+      _, errs = exchange(ws, r)
       assert errs == [None, None], errs
   keys = sorted(store.data)
   # Decisions and snapshots kept, `latest`, rows.
@@ -236,45 +236,48 @@ def test_the_store_stays_bounded_over_many_rounds_with_drops(monkeypatch):
 
 
 def _rejoin_round(chief, store, r):
-  store.wait_for_key(f"{store_keys.MEMBERS}j/1")
-  return chief.exchange(r, _row(0))
+  store.wait_for_key(store_keys.rejoin_request(1))
+  return chief.exchange(r, row(0))
 
 
 def test_a_member_whose_process_is_gone_is_dropped_at_once():
   # Issue 19: a kill -9 cost the others the whole straggler timeout. A
   # process that is gone (its server refuses connections) is not waited for.
-  store = FakeStore()
+  store = _store()
   gone = threading.Event()
   chief = membership.Membership(store, 0, 3, 30.0, 60.0, 1.0,
-                                is_gone=lambda j: j == 2 and gone.is_set())
-  ws = [chief] + _workers(store, 3)[1:]
-  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
+                                is_gone=lambda j: j == 2 and gone.is_set(),
+                                clock=store.clock)
+  ws = [chief] + workers(store, 3)[1:]
+  exchange(ws, 0)
   gone.set()
-  start = time.monotonic()
-  out, errors = _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])
+  start = store.clock.monotonic()
+  out, errors = exchange(ws[:2], 1)
   assert errors == [None, None]
   assert out[0].dropped == (2,) and out[1].members == (0, 1)
-  assert time.monotonic() - start < 3.0  # not the 30 s straggler timeout
+  # Not the 30 s straggler timeout: its process is asked every 0.5 s.
+  assert store.clock.monotonic() - start <= 0.5
 
 
 def test_a_long_run_keeps_the_store_bounded():
   # A soak of many rounds (two workers, each in its own thread for the
-  # whole run): decisions past KEEP_ROUNDS are deleted, nothing else grows.
+  # whole run) on the real clock: decisions past KEEP_ROUNDS are deleted,
+  # nothing else grows.
   rounds = 100_000  # the issue's bound: 100,000 rounds
   store = FakeStore()
-  ws = _workers(store, 2, straggler=5.0)
+  ws = workers(store, 2, straggler=5.0)
   sizes, done = [], [0, 0]  # rounds each worker finished
   errors = [None, None]
 
   def worker(w):
     try:
       for r in range(rounds):
-        w.exchange(r, _row(w.me))
+        w.exchange(r, row(w.me))
         done[w.me] = r + 1
         if w.me == 0 and r % 25_000 == 24_999:
           # Worker 1 may have posted its next arrival already (a race the
           # count must not depend on): that key is not a leak.
-          nxt = f"{store_keys.MEMBERS}a/{r + 1}/"
+          nxt = store_keys.arrivals(r + 1) + "/"
           sizes.append(sum(not k.startswith(nxt) for k in list(store.data)))
     except BaseException as e:  # pylint: disable=broad-except
       errors[w.me] = e
@@ -298,50 +301,62 @@ def test_a_long_run_keeps_the_store_bounded():
 
 
 def test_the_chief_leaves_after_the_members_are_done_or_gone():
-  store = FakeStore()
+  store = _store()
   gone = {2}
   chief = membership.Membership(store, 0, 3, 1.0, 5.0,
-                                is_gone=lambda j: j in gone)
-  one = membership.Membership(store, 1, 3, 1.0, 5.0)
-  start = time.monotonic()
-  threading.Timer(0.5, one.say_done).start()
-  chief.wait_until_done(timeout=10.0)
-  waited = time.monotonic() - start
-  assert f"{store_keys.MEMBERS}done/1" in store.data
-  assert 0.4 < waited < 3.0, waited  # waited for 1, not for the gone 2
+                                is_gone=lambda j: j in gone,
+                                clock=store.clock)
+  one = membership.Membership(store, 1, 3, 1.0, 5.0, clock=store.clock)
+
+  def says_done_later():
+    store.clock.sleep(0.5)
+    one.say_done()
+
+  def chief_waits(timeout):
+    start = store.clock.monotonic()
+    chief.wait_until_done(timeout=timeout)
+    return store.clock.monotonic() - start
+  out, errors = run([lambda: chief_waits(10.0), says_done_later],
+                    store.clock)
+  assert errors == [None, None]
+  assert store_keys.done(1) in store.data
+  # Waited for 1 (0.5 s), then for the gone 2 until its process was asked
+  # (0.5 s), not for the 10 s.
+  assert out[0] == pytest.approx(1.0)
   gone.clear()
-  start = time.monotonic()
-  store.delete(f"{store_keys.MEMBERS}done/1")
-  chief.wait_until_done(timeout=0.5)  # bounded when no one says anything
-  assert time.monotonic() - start < 2.0
+  store.delete(store_keys.done(1))
+  # Bounded when no one says anything.
+  assert chief_waits(0.5) == pytest.approx(0.5)
 
 
 def test_a_rejoiner_whose_process_is_gone_is_not_let_in():
   # Issue 43: a rejoiner killed while it waited left its request; the chief
   # made it a newcomer, and every member then waited for it in the round's
   # (global) collective until collective_timeout.
-  store = FakeStore()
+  store = _store()
   gone = threading.Event()
   chief = membership.Membership(store, 0, 3, 0.3, 5.0, 0.3,
-                                is_gone=lambda j: j == 2 and gone.is_set())
-  ws = [chief] + _workers(store, 3, straggler=0.3)[1:]
-  _run([lambda w=w: w.exchange(0, _row(w.me)) for w in ws])
-  _run([lambda w=w: w.exchange(1, _row(w.me)) for w in ws[:2]])  # 2 dropped
-  store.set(f"{store_keys.MEMBERS}j/2", membership._dump(_row(2)))  # asked...
+                                is_gone=lambda j: j == 2 and gone.is_set(),
+                                clock=store.clock)
+  ws = [chief] + workers(store, 3, straggler=0.3)[1:]
+  exchange(ws, 0)
+  exchange(ws[:2], 1)  # 2 dropped
+  store.set(store_keys.rejoin_request(2),
+            membership._dump(row(2)))  # asked...  # pylint: disable=protected-access
   gone.set()  # ...and was killed before the next decision
-  out, errors = _run([lambda w=w: w.exchange(2, _row(w.me)) for w in ws[:2]])
+  out, errors = exchange(ws[:2], 2)
   assert errors == [None, None]
   assert out[0].members == out[1].members == (0, 1)
   assert out[0].newcomers == ()
   # Its request is withdrawn, not read again at every round.
-  assert f"{store_keys.MEMBERS}j/2" not in store.data
+  assert store_keys.rejoin_request(2) not in store.data
 
 
 def test_a_rejoiner_that_gives_up_withdraws_its_request():
-  store = FakeStore()
-  ws = _workers(store, 2, straggler=0.2, decision=0.5)
-  _run([lambda: ws[0].exchange(0, _row(0))])  # worker 1 dropped at round 0
+  store = _store()
+  ws = workers(store, 2, straggler=0.2, decision=0.5)
+  exchange(ws[:1], 0)  # worker 1 dropped at round 0
   # No chief decides again: worker 1 gives up after the decision timeout.
   with pytest.raises(PeerTimeoutError, match="not let back in"):
-    ws[1].exchange(0, _row(1))
-  assert f"{store_keys.MEMBERS}j/1" not in store.data
+    ws[1].exchange(0, row(1))
+  assert store_keys.rejoin_request(1) not in store.data

@@ -152,7 +152,7 @@ def test_a_newcomer_among_poisoned_members_keeps_its_own_model():
   chief.straggler_timeout = 5.0
 
   def chief_once_2_asks_back():
-    chief.store.wait_for_key(f"{store_keys.MEMBERS}j/2")
+    chief.store.wait_for_key(store_keys.rejoin_request(2))
     return _arrive_and_average(books[0], 4, finite=False)
   out, errors = run_threads([
       chief_once_2_asks_back,
