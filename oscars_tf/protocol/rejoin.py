@@ -16,13 +16,13 @@ in order:
   round, epoch accounting, plan, planner state and group keys.
 
 Elsewhere, and why: the chief makes what newcomers adopt (the `chief_plan`
-of RoundBook._decide); a newcomer's row is marked current in
-RoundBook._exchange and plan_changes.with_members (policy/) gives it its
-weight; round_parts.RoundPart's `rejoining` and `takes_model` tell the
-graph. The graph side (TensorFlow): distribute/rounds.py (`round_end_ops`
-averages the shared state in a round with newcomers, `_share`) and
-distribute/outer.py (`OuterState.variables`: the outer momentum state a
-rejoiner takes from the others).
+of round_exchange.RoundExchange.decide); a newcomer's row is marked
+current in RoundExchange.part_in and plan_changes.with_members (policy/)
+gives it its weight; round_parts.RoundPart's `rejoining` and `takes_model`
+tell the graph. The graph side (TensorFlow): distribute/rounds.py
+(`Rounds.round_end_ops` averages the shared state in a round with
+newcomers, `_share`) and distribute/outer.py (`OuterState.variables`: the
+outer momentum state a rejoiner takes from the others).
 
 Two skews of the store are handled here (issue 43, item 11):
 
