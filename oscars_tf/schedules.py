@@ -18,7 +18,32 @@ from oscars_tf.policy import planner
 
 
 class Schedule:
-  """Base class: a deterministic rule for the next round's plan."""
+  """Base class: a deterministic rule for the next round's plan.
+
+  The attributes below are what the planner (policy/planner.py) and the
+  round book (protocol/round_book.py) read of any schedule, with the
+  defaults a schedule that sets none of them has (`Fixed`); `Adaptive`
+  sets each from its arguments.
+
+  Attributes:
+    weighting: "work": how members' models are weighted in a group
+      (WEIGHTINGS).
+    max_group_size: None: the bound on a group's size and on the host
+      leaders a global sync's ring holds (None: planner's
+      DEFAULT_MAX_GROUP_SIZE).
+    max_groupings: None: distinct groupings a run makes (None: planner's
+      DEFAULT_MAX_GROUPINGS).
+    max_overshoot: None: how far past T a worker's steps may arrive (None:
+      half a step).
+    min_utilization: None: the planned compute share T grows to reach
+      (None: off).
+  """
+
+  weighting = "work"
+  max_group_size = None
+  max_groupings = None
+  max_overshoot = None
+  min_utilization = None
 
   def plan(self, table, round_, state=None):
     """The `records.Plan` of round `round_` (state: previous plan's)."""
@@ -175,11 +200,7 @@ class Adaptive(Schedule):
                        f"{max_period}.")
     self.grouping = arguments.one_of("Adaptive", "grouping", grouping,
                                      GROUPINGS)
-    if max_group_size is not None and count("max_group_size",
-                                            max_group_size) < 2:
-      arguments.fail("Adaptive", "max_group_size", "None or >= 2",
-                     max_group_size)
-    self.max_group_size = max_group_size
+    self.max_group_size = _group_size_bound(max_group_size)
     self.max_groupings = (None if max_groupings is None else
                           count("max_groupings", max_groupings))
     self.global_every = count("global_every", global_every)
@@ -192,15 +213,8 @@ class Adaptive(Schedule):
     self.straggler_ratio = number("straggler_ratio", straggler_ratio)
     self.max_staleness = arguments.int_at_least(
         "Adaptive", "max_staleness", max_staleness, 0)
-    if max_overshoot is not None and not (
-        arguments.is_number(max_overshoot) and max_overshoot >= 0):
-      arguments.fail("Adaptive", "max_overshoot", "None or a number >= 0",
-                     max_overshoot)
-    self.max_overshoot = max_overshoot
-    if min_utilization is not None:
-      arguments.number_in("Adaptive", "min_utilization", min_utilization,
-                          0, 1, include_low=False, include_high=True)
-    self.min_utilization = min_utilization
+    self.max_overshoot = _overshoot_bound(max_overshoot)
+    self.min_utilization = _utilization_target(min_utilization)
 
   def plan(self, table, round_, state=None):
     return planner.plan(table, self, round_, state)
@@ -210,6 +224,30 @@ class Adaptive(Schedule):
     out["period_rule"] = self.period_rule.config()
     out["schedule"] = "Adaptive"
     return out
+
+
+def _group_size_bound(value):
+  """Adaptive's `max_group_size`: None or an int >= 2, as given."""
+  if value is not None and arguments.positive_int(
+      "Adaptive", "max_group_size", value) < 2:
+    arguments.fail("Adaptive", "max_group_size", "None or >= 2", value)
+  return value
+
+
+def _overshoot_bound(value):
+  """Adaptive's `max_overshoot`: None or a number >= 0, as given."""
+  if value is not None and not (arguments.is_number(value) and value >= 0):
+    arguments.fail("Adaptive", "max_overshoot", "None or a number >= 0",
+                   value)
+  return value
+
+
+def _utilization_target(value):
+  """Adaptive's `min_utilization`: None or a number in (0, 1], as given."""
+  if value is not None:
+    arguments.number_in("Adaptive", "min_utilization", value, 0, 1,
+                        include_low=False, include_high=True)
+  return value
 
 
 class OuterMomentum:

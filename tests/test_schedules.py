@@ -267,3 +267,18 @@ def test_adaptive_rejects_bad_arguments(kwargs, match):
 def test_divergence_band_rejects_inverted_band():
   with pytest.raises(ValueError, match="low < high"):
     schedules.DivergenceBand(low=0.5, high=0.1)
+
+
+def test_schedules_declare_what_the_planner_and_round_book_read():
+  fixed = schedules.Fixed(4)
+  assert (fixed.weighting, fixed.max_group_size, fixed.max_groupings,
+          fixed.max_overshoot, fixed.min_utilization) == (
+              "work", None, None, None, None)
+  adaptive = schedules.Adaptive(weighting="equal", max_group_size=8,
+                                max_groupings=3, max_overshoot=0.2,
+                                min_utilization=None)
+  assert (adaptive.weighting, adaptive.max_group_size, adaptive.max_groupings,
+          adaptive.max_overshoot, adaptive.min_utilization) == (
+              "equal", 8, 3, 0.2, None)
+  # Declared on the base class: not in a schedule's config (fingerprint).
+  assert "weighting" not in fixed.config()

@@ -161,7 +161,8 @@ def plan(table: StepRateTable, config, round_: int,
   Args:
     table: the step-rate table snapshot every worker holds.
     config: an `oscars_tf.schedules.Adaptive` (or any object with its
-      fields); only read.
+      attributes: the `schedules.Schedule` interface and Adaptive's own);
+      only read.
     round_: the round to plan, 0 for the first.
     state: the previous plan's `state`, or None for the first round.
   """
@@ -186,8 +187,8 @@ def plan(table: StepRateTable, config, round_: int,
   # straggler takes one step and is waited for no longer than that.
   time_budget = _whole_slow_steps(max(period / fastest, 1.0 / slowest),
                                   slowest)
-  overshoot = getattr(config, "max_overshoot", None)
-  target = getattr(config, "min_utilization", None)
+  overshoot = config.max_overshoot
+  target = config.min_utilization
   if target is not None:
     time_budget = _budget_for_utilization(
         rates, time_budget, slowest, target, overshoot,
@@ -206,7 +207,7 @@ def plan(table: StepRateTable, config, round_: int,
     groups, groupings = stable_groups(
         kept, make_groups(rates, table.hosts, config.grouping,
                           config.max_group_size), rates, state.groupings,
-        getattr(config, "max_groupings", None))
+        config.max_groupings)
     kept = groups
   if len(groups) == 1:
     global_sync = True

@@ -109,10 +109,10 @@ class RoundBook:
     self.history = round_history.RoundHistory(self.n)
     self.observer = None  # called as observer(record, table, next_plan)
     self._change_log = plan_log.PlanChangeLog(self.me)
-    self._weighting = getattr(schedule, "weighting", "work")
+    self._weighting = schedule.weighting
     # No ring of a global sync across hosts has more host leaders than the
     # schedule's group bound (a third level past that: round_parts.py).
-    self._max_leaders = (getattr(schedule, "max_group_size", None) or
+    self._max_leaders = (schedule.max_group_size or
                          planner.DEFAULT_MAX_GROUP_SIZE)
     self.clock = round_clock.RoundClock(self.me, simulate)
     self.exchange = round_exchange.RoundExchange(
