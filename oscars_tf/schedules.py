@@ -4,7 +4,8 @@ A schedule turns the step-rate table into the plan of the next round (see
 planner.py). The strategy keeps the counters and runs the collectives; a
 schedule only does arithmetic, so it is testable without a cluster and gives
 the same answer on every worker. Period rules (policy/period_rules.py) are
-small objects with state passed in and out, composed into `Adaptive`.
+pure `init` / `update` over a state of their own, composed into
+`Adaptive`.
 """
 
 import functools
@@ -185,7 +186,7 @@ class Adaptive(Schedule):
                straggler_ratio=0.25, max_staleness=3, max_overshoot=None,
                min_utilization=DEFAULT_MIN_UTILIZATION):
     self.period_rule = CostAware() if period_rule is None else period_rule
-    if not hasattr(self.period_rule, "update"):
+    if not isinstance(self.period_rule, period_rules.PeriodRule):
       raise TypeError("Adaptive: `period_rule` must be CostAware(), "
                       "AdaComm(), QuadraticSync(), DivergenceBand() or "
                       f"Constant(), got {period_rule!r}.")

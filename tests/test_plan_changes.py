@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import pytest
 
 from oscars_tf import schedules
+from oscars_tf.policy import period_rules
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
 from oscars_tf.policy import records
@@ -118,7 +119,8 @@ def _global_sync_plan(steps):
   return records.Plan(round=3, time_budget=1.0, local_steps=tuple(steps),
                       groups=groups, weights=weights, update_scales=scales,
                       global_sync=True, stragglers=(), rates=(1.0,) * n,
-                      state=records.PlannerState(period=4.0, global_every=4))
+                      state=records.PlannerState(
+                          period_rules.ConstantState(4.0), global_every=4))
 
 
 @settings(max_examples=200, deadline=None)

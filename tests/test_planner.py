@@ -4,6 +4,7 @@ Property tests run over random tables with hypothesis.
 """
 
 import dataclasses
+import json
 import math
 import time
 
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 
 from oscars_tf import schedules
+from oscars_tf.policy import period_rules
 from oscars_tf.policy import plan_changes
 from oscars_tf.policy import planner
+from oscars_tf.policy import planner_state
 from oscars_tf.policy import records
 from plan_tables import CONFIGS
 from plan_tables import tables
@@ -68,7 +71,8 @@ def test_the_digest_tells_any_change_of_the_plan(table, config, round_):
       "weights": (p.weights[0] + 0.01,) + p.weights[1:],
       "global_sync": not p.global_sync, "stragglers": p.stragglers + (99,),
       "epoch_end": not p.epoch_end, "imputed": p.imputed + (99,),
-      "state": dataclasses.replace(p.state, period=p.state.period + 1.0)}
+      "state": dataclasses.replace(p.state, rule=dataclasses.replace(
+          p.state.rule, period=p.state.period + 1.0))}
   for field, value in changed.items():
     assert dataclasses.replace(p, **{field: value}).digest() != p.digest(), (
         field)
@@ -328,3 +332,106 @@ def test_min_utilization_lengthens_t_by_whole_slow_steps_until_reached():
   for bad in (0, 1.5, True, "0.9"):
     with pytest.raises(ValueError, match="min_utilization"):
       schedules.Adaptive(min_utilization=bad)
+
+
+# -- the planner's state: the period rule's own, nested ----------------------
+
+RULES = {
+    "Constant": schedules.Constant,
+    "AdaComm": schedules.AdaComm,
+    "CostAware": schedules.CostAware,
+    "CostAware(base=None)": lambda: schedules.CostAware(base=None),
+    "CostAware(base=DivergenceBand)": lambda: schedules.CostAware(
+        max_overhead=0.3, base=schedules.DivergenceBand()),
+    "QuadraticSync": lambda: schedules.QuadraticSync(beta=0.3),
+    "DivergenceBand": schedules.DivergenceBand,
+}
+
+
+def _rule_run(rule, rounds=12):
+  """The plans of 12 rounds of 8 workers on 2 hosts whose table reports
+  losses, learning rates, divergences and averaging costs (some rounds
+  none)."""
+  config = schedules.Adaptive(period_rule=rule, grouping="speed",
+                              max_group_size=4, global_every=2)
+  hosts = tuple(f"h{i // 4}" for i in range(8))
+  state, plans = None, []
+  for r in range(rounds):
+    entries = tuple(records.TableEntry(
+        rate=10.0 * (1 + i % 4) * (1 + 0.01 * ((7 * r + i) % 5)), round=r,
+        loss=4.0 / (1 + r), divergence=(0.001, 0.02, 0.3)[r % 3],
+        learning_rate=0.1 / (1 + r),
+        sync_cost=math.nan if r % 4 == 0 else (0.001, 0.02, 0.2)[r % 3])
+        for i in range(8))
+    p = config.plan(records.StepRateTable(entries, hosts), r, state)
+    state = p.state
+    plans.append((config, records.StepRateTable(entries, hosts), p))
+  return plans
+
+
+# The last plan's digest of each `_rule_run`, as the planner gave it when
+# every rule's fields lived in one flat state: the digest hashes the state
+# as it was (PlannerState.digest_items), so plans stay byte-identical.
+DIGESTS_BEFORE_RULE_STATES = {
+    "Constant": "76e62a07", "AdaComm": "2a9a9ce6", "CostAware": "ca934d5d",
+    "CostAware(base=None)": "8d5c8040",
+    "CostAware(base=DivergenceBand)": "2feb2808",
+    "QuadraticSync": "38e3e815", "DivergenceBand": "76e62a07"}
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_plans_are_byte_identical_to_those_of_the_flat_state(name):
+  *_, (_, _, last) = _rule_run(RULES[name]())
+  assert last.digest() == DIGESTS_BEFORE_RULE_STATES[name]
+
+
+def test_fixed_plans_are_byte_identical_to_those_of_the_flat_state():
+  table = records.StepRateTable(tuple(
+      records.TableEntry(rate=r, round=2) for r in (10.0, 5.0, 2.5)),
+                                ("a", "a", "b"))
+  schedule = schedules.Fixed(4, warmup_steps=1)
+  first = schedule.plan(table, 0)
+  assert (first.digest(), schedule.plan(table, 3, first.state).digest()) == (
+      "0eb1f471", "a822c1b1")
+  assert isinstance(first.state.rule, period_rules.ConstantState)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_the_state_holds_the_rules_own_state(name):
+  rule = RULES[name]()
+  for _, _, p in _rule_run(rule, rounds=4):
+    assert type(p.state.rule) is type(rule.init(1.0))
+    assert p.state.period == p.state.rule.period
+    if isinstance(rule, schedules.CostAware) and rule.base is None:
+      assert p.state.rule.base is None
+    elif isinstance(rule, schedules.CostAware):  # the base's, nested
+      assert type(p.state.rule.base) is type(rule.base.init(1.0))
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_state_survives_a_rejoiners_json_round_trip(name):
+  """The chief sends its state as JSON (round_book's chief plan); the
+  rejoiner's copy plans the next round as the members do, byte for
+  byte."""
+  for config, table, p in _rule_run(RULES[name]()):
+    text = json.dumps(planner_state.state_to_json(p.state), allow_nan=True)
+    copy = planner_state.state_from_json(records.PlannerState,
+                                         json.loads(text))
+    assert json.dumps(copy.to_json(), allow_nan=True) == text
+    assert json.dumps(copy.digest_items()) == json.dumps(
+        p.state.digest_items())
+    assert (config.plan(table, p.round + 1, copy).digest() ==
+            config.plan(table, p.round + 1, p.state).digest())
+
+
+def test_a_rule_states_json_names_its_rule_and_nests_its_base():
+  state = schedules.CostAware(base=schedules.AdaComm()).init(8.0)
+  assert state.to_json() == {
+      "rule": "CostAware", "period": 8.0, "sync_cost": state.sync_cost,
+      "base": {"rule": "AdaComm", "period": 8.0,
+               "initial_loss": state.base.initial_loss}}
+  again = period_rules.RuleState.from_json(
+      json.loads(json.dumps(state.to_json())))
+  assert isinstance(again, period_rules.CostAwareState)
+  assert isinstance(again.base, period_rules.AdaCommState)
+  assert again.period == 8.0 and math.isnan(again.base.initial_loss)

@@ -1,5 +1,6 @@
 """Tests for oscars_tf.schedules (pure policy, no TensorFlow)."""
 
+import dataclasses
 import sys
 import warnings
 
@@ -82,7 +83,7 @@ def _loss_table(loss, lr=0.1, divergence=float("nan")):
 def test_adacomm_shrinks_the_period_with_the_loss():
   config = schedules.Adaptive(initial_period=16)
   rule = schedules.AdaComm()
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   state = rule.update(state, _loss_table(4.0), config)   # seeds loss_0
   assert state.period == 16 and state.initial_loss == 4.0
   state = rule.update(state, _loss_table(1.0), config)   # sqrt(1/4) * 16
@@ -92,7 +93,7 @@ def test_adacomm_shrinks_the_period_with_the_loss():
 
 def test_quadratic_rule_follows_the_learning_rate():
   rule = schedules.QuadraticSync(beta=0.2, base_period=2)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   assert rule.update(state, _loss_table(1.0, lr=0.1), None).period == 4
   assert rule.update(state, _loss_table(1.0, lr=0.02), None).period == 100
   assert rule.update(state, _loss_table(1.0, lr=1.0), None).period == 2
@@ -100,7 +101,7 @@ def test_quadratic_rule_follows_the_learning_rate():
 
 def test_divergence_band_keeps_divergence_inside():
   rule = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   assert rule.update(state, _loss_table(1, divergence=0.5), None).period == 8
   assert rule.update(state, _loss_table(1, divergence=0.001), None).period == 32
   assert rule.update(state, _loss_table(1, divergence=0.05), None).period == 16
@@ -114,7 +115,7 @@ def _cost_table(costs, rates):
 
 def test_cost_aware_keeps_averaging_under_its_share_of_the_round():
   rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0, base=None)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   # 10 ms to average, fastest 20 steps/s (50 ms steps): T >= 90 ms, 2 steps.
   cheap = rule.update(state, _cost_table([0.01, 0.01], [20.0, 20.0]), None)
   assert cheap.period == 2 and cheap.sync_cost == pytest.approx(0.01)
@@ -128,7 +129,7 @@ def test_cost_aware_keeps_averaging_under_its_share_of_the_round():
 
 def test_cost_aware_takes_the_last_arrival_and_smooths():
   rule = schedules.CostAware(max_overhead=0.5, smoothing=0.5, base=None)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   # The early worker also waited 0.9 s for the late one: not averaging cost.
   state = rule.update(state, _cost_table([1.0, 0.1], [10.0, 10.0]), None)
   assert state.sync_cost == pytest.approx(0.1) and state.period == 1
@@ -139,7 +140,7 @@ def test_cost_aware_takes_the_last_arrival_and_smooths():
 
 def test_cost_aware_without_measurements_keeps_the_period():
   rule = schedules.CostAware(base=None)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   nan = float("nan")
   assert rule.update(state, _cost_table([nan, nan], [5.0, 5.0]), None) == (
       state)
@@ -151,7 +152,7 @@ def test_cost_aware_keeps_its_cost_through_a_round_that_measured_none():
   # A round whose collectives were new reports no cost (RoundBook): the
   # floor stays where the rounds before put it.
   rule = schedules.CostAware(max_overhead=0.1, smoothing=0.5, base=None)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   state = rule.update(state, _cost_table([0.1, 0.1], [20.0, 20.0]), None)
   nan = float("nan")
   kept = rule.update(state, _cost_table([nan, nan], [20.0, 20.0]), None)
@@ -162,7 +163,7 @@ def test_cost_aware_counts_no_cost_of_a_round_a_member_could_not_measure():
   # A member that met a new collective reports none; the others waited
   # for its setup in a global sync, so their costs are not the averaging's.
   rule = schedules.CostAware(max_overhead=0.1, smoothing=0.5, base=None)
-  state = records.PlannerState(period=16, global_every=4, sync_cost=0.1)
+  state = dataclasses.replace(rule.init(16), sync_cost=0.1)
   nan = float("nan")
   entries = (records.TableEntry(rate=20.0, round=5, sync_cost=0.7),
              records.TableEntry(rate=20.0, round=5, sync_cost=nan),
@@ -194,7 +195,7 @@ def _cost_loss_table(cost, loss, rate=20.0, n=4):
 def test_cost_aware_takes_the_longer_of_adacomm_and_the_cost_floor():
   config = schedules.Adaptive(initial_period=16)
   rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   state = rule.update(state, _cost_loss_table(0.005, 4.0), config)
   assert state.period == 16  # AdaComm's start; the cost allows 1
   state = rule.update(state, _cost_loss_table(0.005, 1.0), config)
@@ -208,14 +209,14 @@ def test_cost_aware_takes_the_longer_of_adacomm_and_the_cost_floor():
 def test_cost_aware_keeps_a_scaling_base_rule_on_its_own_period():
   band = schedules.DivergenceBand(low=0.01, high=0.1, factor=2)
   rule = schedules.CostAware(max_overhead=0.1, smoothing=1.0, base=band)
-  state = records.PlannerState(period=16, global_every=4)
+  state = rule.init(16)
   drifting = records.StepRateTable(
       (records.TableEntry(rate=20.0, round=3, sync_cost=1.0,
                           divergence=0.5),) * 2, ("h", "h"))
   state = rule.update(state, drifting, None)
-  assert state.period == 180 and state.base_period == 8
+  assert state.period == 180 and state.base.period == 8
   state = rule.update(state, drifting, None)
-  assert state.base_period == 4  # halved from its own 8, not from 180
+  assert state.base.period == 4  # halved from its own 8, not from 180
 
 
 def test_cost_aware_rejects_a_bad_base():
@@ -269,6 +270,31 @@ def test_divergence_band_rejects_inverted_band():
     schedules.DivergenceBand(low=0.5, high=0.1)
 
 
+@pytest.mark.parametrize("rule, state_type", [
+    (schedules.Constant(), "ConstantState"),
+    (schedules.AdaComm(), "AdaCommState"),
+    (schedules.CostAware(), "CostAwareState"),
+    (schedules.QuadraticSync(), "QuadraticSyncState"),
+    (schedules.DivergenceBand(), "DivergenceBandState")])
+def test_each_rule_has_a_frozen_state_of_its_own_and_updates_purely(
+    rule, state_type):
+  from oscars_tf.policy import period_rules  # pylint: disable=g-import-not-at-top
+  state = rule.init(16.0)
+  assert type(state) is getattr(period_rules, state_type)
+  assert state.period == 16.0
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    state.period = 1.0
+  table = records.StepRateTable(
+      (records.TableEntry(rate=20.0, round=3, loss=2.0, learning_rate=0.05,
+                          divergence=0.5, sync_cost=0.2),) * 2, ("h", "h"))
+  before = state.to_json()
+  config = schedules.Adaptive(period_rule=rule)
+  after = rule.update(state, table, config)
+  assert state.to_json() == before  # the old state is untouched
+  assert type(after) is type(state)
+  assert rule.update(state, table, config) == after  # the same every time
+
+
 def test_schedules_declare_what_the_planner_and_round_book_read():
   fixed = schedules.Fixed(4)
   assert (fixed.weighting, fixed.max_group_size, fixed.max_groupings,
@@ -282,3 +308,40 @@ def test_schedules_declare_what_the_planner_and_round_book_read():
               "equal", 8, 3, 0.2, None)
   # Declared on the base class: not in a schedule's config (fingerprint).
   assert "weighting" not in fixed.config()
+
+
+def test_a_period_rule_of_ones_own_needs_init_update_and_config():
+  class Halving:
+
+    def init(self, period):
+      return schedules.Constant().init(period)
+
+    def update(self, state, table, config):
+      del table, config
+      return dataclasses.replace(state, period=state.period / 2)
+
+    def config(self):
+      return {"rule": "Halving"}
+
+  schedule = schedules.Adaptive(period_rule=Halving(), initial_period=16,
+                                min_utilization=None)
+  p = schedule.plan(_table([10.0, 10.0]), 1)
+  assert p.state.period == 8.0 and p.local_steps == (8, 8)
+
+  class UpdateOnly:
+
+    def update(self, state, table, config):
+      return state
+  with pytest.raises(TypeError, match="period_rule"):
+    schedules.Adaptive(period_rule=UpdateOnly())
+  with pytest.raises(TypeError, match="base"):
+    schedules.CostAware(base=UpdateOnly())
+
+
+def test_the_period_rules_module_example_runs():
+  from oscars_tf.policy import period_rules  # pylint: disable=g-import-not-at-top
+  example = period_rules.__doc__.split("Example:\n", 1)[1]
+  scope = {}
+  exec(compile("\n".join(line[2:] for line in example.splitlines()),  # pylint: disable=exec-used
+               "example", "exec"), scope)
+  assert scope["state"].period == 8.0

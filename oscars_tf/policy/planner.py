@@ -21,8 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
+from oscars_tf.policy import period_rules
+from oscars_tf.policy.planner_state import PlannerState
 from oscars_tf.policy.records import Plan
-from oscars_tf.policy.records import PlannerState
 from oscars_tf.policy.records import StepRateTable
 
 PROBE_STEPS = 2  # steps per worker in rounds planned before any rate is known
@@ -171,10 +172,11 @@ def plan(table: StepRateTable, config, round_: int,
     raise ValueError("plan: the table has no workers.")
   rates, bad = usable_rates(table, round_, config.max_staleness)
   if state is None:
-    state = PlannerState(period=float(config.initial_period),
-                         global_every=config.global_every)
-  state = config.period_rule.update(state, table, config)
-  period = min(max(state.period, config.min_period), config.max_period)
+    state = PlannerState(
+        config.period_rule.init(float(config.initial_period)),
+        global_every=config.global_every)
+  asked = config.period_rule.update(state.rule, table, config)
+  period = min(max(asked.period, config.min_period), config.max_period)
   fastest, slowest = max(rates), min(rates)
   median = statistics.median(rates)
   stragglers = tuple(i for i, r in enumerate(rates)
@@ -219,7 +221,8 @@ def plan(table: StepRateTable, config, round_: int,
   if state.previous_global and config.adaptive_global:
     global_every = _adapt_global_every(global_every, table, config)
   new_state = dataclasses.replace(
-      state, period=period, global_every=global_every,
+      state, rule=dataclasses.replace(asked, period=period),
+      global_every=global_every,
       rounds_since_global=0 if global_sync else since,
       previous_global=round_ > 0 and state.rounds_since_global == 0,
       groups=tuple(tuple(g) for g in kept), groupings=groupings)
@@ -238,7 +241,8 @@ def fixed_plan(table: StepRateTable, every: int, warmup_steps: int,
   rates, _ = usable_rates(table, round_, max_staleness=3)
   k = 1 if round_ < warmup_steps else every
   median = statistics.median(rates)
-  state = state or PlannerState(period=float(every), global_every=1)
+  state = state or PlannerState(period_rules.ConstantState(float(every)),
+                                global_every=1)
   return Plan(round=round_, time_budget=k / median, local_steps=(k,) * n,
               groups=(tuple(range(n)),), weights=(1.0 / n,) * n,
               update_scales=(1.0,) * n, global_sync=True,

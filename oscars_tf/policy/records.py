@@ -13,6 +13,8 @@ from typing import Tuple
 
 import numpy as np
 
+from oscars_tf.policy.planner_state import PlannerState
+
 
 class Column(enum.IntEnum):
   """A row's fields by their place on the wire: a row travels as floats in
@@ -133,25 +135,6 @@ def _entry(*values):
 
 
 @dataclasses.dataclass(frozen=True)
-class PlannerState:
-  """What the planner carries from round to round (identical on all)."""
-  period: float              # local steps of the fastest worker per round
-  global_every: int          # rounds between global syncs
-  rounds_since_global: int = 0
-  initial_loss: float = math.nan
-  groups: Tuple[Tuple[int, ...], ...] = ()  # the last non-global grouping
-  # Every distinct non-global grouping made so far, in the order made (at
-  # most the schedule's `max_groupings`: planner.stable_groups). Left out
-  # of the digest: up to 16 x workers ints hashed every round would cost
-  # the chief ~0.1 s at 10,000 workers; the groups they yield are in it.
-  groupings: Tuple[Tuple[Tuple[int, ...], ...], ...] = dataclasses.field(
-      default=(), metadata={"digest": False})
-  previous_global: bool = False  # the round before the last was global
-  sync_cost: float = math.nan  # smoothed seconds an averaging point costs
-  base_period: float = math.nan  # CostAware's base rule's own period
-
-
-@dataclasses.dataclass(frozen=True)
 class Plan:
   """The next round, for every worker."""
   round: int
@@ -203,7 +186,11 @@ def _hash_into(h, value):
   `h` as bytes:
   a whole tuple of numbers at a time (10,000 workers: milliseconds, where
   JSON took most of a second)."""
-  if dataclasses.is_dataclass(value):
+  if isinstance(value, PlannerState):  # its fields as they were flat
+    for name, v in value.digest_items():
+      h.update(name.encode() + b"=")
+      _hash_into(h, v)
+  elif dataclasses.is_dataclass(value):
     for f in dataclasses.fields(value):
       if not f.metadata.get("digest", True):
         continue

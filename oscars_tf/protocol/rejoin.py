@@ -47,6 +47,7 @@ from absl import logging
 
 from oscars_tf.errors import PeerTimeoutError
 from oscars_tf.errors import WorkerLostError
+from oscars_tf.policy import planner_state
 from oscars_tf.protocol import clock as clock_lib
 from oscars_tf.protocol import distributions
 from oscars_tf.protocol import group_keys as group_keys_lib
@@ -175,7 +176,8 @@ def adopt(book, decision, rate_before):
       local_steps=tuple(adopted.get("local_steps", book.plan.local_steps)))
   if adopted.get("state") is not None:
     book.plan = dataclasses.replace(
-        book.plan, state=type(book.plan.state)(**adopted["state"]))
+        book.plan, state=planner_state.state_from_json(
+            type(book.plan.state), adopted["state"]))
 
 
 def _int_or(text, default):

@@ -10,12 +10,11 @@ averaging (round_parts.py): the same table snapshot, the same plan, the
 same group keys everywhere.
 """
 
-import dataclasses
-
 from absl import logging
 import numpy as np
 
 from oscars_tf.policy import plan_changes
+from oscars_tf.policy import planner_state
 from oscars_tf.policy import records
 from oscars_tf.protocol import group_keys as group_keys_lib
 from oscars_tf.protocol import membership as membership_lib
@@ -74,9 +73,7 @@ class RoundExchange:
           "epoch_end": plan.epoch_end, "epoch": epoch,
           "local_steps": list(plan.local_steps),
           "group_keys": self.group_keys.groups,
-          "state": ({f.name: getattr(state, f.name)
-                     for f in dataclasses.fields(state)}
-                    if dataclasses.is_dataclass(state) else None)}
+          "state": planner_state.state_to_json(state)}
 
     return self.membership.exchange(
         round_, row, epoch_done, chief_plan=chief_plan,
