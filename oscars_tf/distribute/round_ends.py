@@ -32,7 +32,7 @@ class RoundEnds:
     self._rounds = rounds
     self._averaged = averaged
     self._outer = outer
-    self._normalized = getattr(schedule, "weighting", None) == "normalized"
+    self._normalized = schedule.weighting == "normalized"
     self._local_sgd = local_sgd
     self._averages_across = averages_across
     self._starts = {}      # FedNova: round-start copies per variable set
