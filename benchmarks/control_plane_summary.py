@@ -14,7 +14,7 @@ def averaging_traffic(plan, hosts, members, max_leaders, shard=True):
   the strategy runs (a ring all-reduce of g members sends 2(g-1)/g of the
   model per member; a global sync across hosts: a ring in each host, the
   host leaders' rings in racks, the racks' leaders' ring, back down with
-  the same rings, runtime/averaging.py HierarchicalAverager; shard by
+  the same rings, runtime/averagers.py HierarchicalAverager; shard by
   shard where the hosts' sizes allow, runtime/sharded_sync.py;
   `shard=False`: host by host whatever the sizes)."""
   def ring(g):

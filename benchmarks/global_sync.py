@@ -12,7 +12,7 @@ devices in memory instead of over a network. Each worker gets its part in
 a global sync from round_parts.part_of (the code a worker runs at a round
 end), then both averagers run on the same values, interleaved, each in a
 `tf.function` as a worker runs it (the first sync of each traces it):
-`runtime/sharded_sync.py` (ShardedAverager) and `runtime/averaging.py`
+`runtime/sharded_sync.py` (ShardedAverager) and `runtime/averagers.py`
 (HierarchicalAverager, host by host through one leader per host). Prints
 the median wall time of a sync and the bytes each worker sends (counted
 from the collectives, as benchmarks/control_plane_summary.py counts them),
@@ -71,7 +71,7 @@ def main(argv):
   from oscars_tf.distribute import rounds  # pylint: disable=g-import-not-at-top
   from oscars_tf.policy import shard_layout  # pylint: disable=g-import-not-at-top
   from oscars_tf.protocol import round_parts  # pylint: disable=g-import-not-at-top
-  from oscars_tf.runtime import averaging  # pylint: disable=g-import-not-at-top
+  from oscars_tf.runtime import averagers as averagers_lib  # pylint: disable=g-import-not-at-top
   from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
 
   n = FLAGS.hosts * FLAGS.per_host
@@ -91,7 +91,7 @@ def main(argv):
   averagers = {
       "shard by shard": lambda d: sharded_sync.ShardedAverager(
           d, "RING", 300.0),
-      "host by host": lambda d: averaging.HierarchicalAverager(
+      "host by host": lambda d: averagers_lib.HierarchicalAverager(
           d, "RING", 300.0)}
   times = {name: [] for name in averagers}
   results = {}

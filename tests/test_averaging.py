@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from oscars_tf.runtime import averagers
 from oscars_tf.runtime import averaging
 
 
@@ -34,7 +35,7 @@ def test_nccl_on_cpu_is_a_clear_error():
 
 
 def _collective_ops(averager, tensors):
-  fn = tf.function(lambda: averager.weighted_sum(tensors, 0.5))
+  fn = tf.function(lambda: averager.reduce(tensors, 0.5))
   graph = fn.get_concrete_function().graph
   return [op for op in graph.get_operations()
           if op.type == "CollectiveReduceV2"]
@@ -55,6 +56,60 @@ def test_built_ops_carry_keys_timeout_and_communication(hint):
   assert 3 in consts.values() and 1234567 in consts.values()
 
 
+def test_a_rounds_part_names_the_group_key_size_and_weight():
+  averager = averaging.GroupAverager(4, 99, "/device:CPU:0", "RING", 7.0)
+  fn = tf.function(lambda: averager.weighted_sum(
+      [tf.ones([2, 3]), tf.ones([4])], _group_part(0.25, 3, 1234567)))
+  ops, _ = _reduce_ops(fn)
+  assert len(ops) == 1
+  consts = [tf.get_static_value(i) for i in ops[0].inputs[1:4]]
+  assert consts == [3, 1234567, averaging.instance_key("model", 0,
+                                                       "float32", 10)]
+
+
+def test_every_averager_has_the_one_interface():
+  import inspect  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.runtime import sharded_sync  # pylint: disable=g-import-not-at-top
+  for cls in (averaging.GroupAverager, averagers.PerGroupAverager,
+              averagers.HierarchicalAverager, sharded_sync.ShardedAverager,
+              averagers.AcrossHosts, averagers.UnlessAlone):
+    assert list(inspect.signature(cls.weighted_sum).parameters) == [
+        "self", "values", "part"], cls
+
+
+class _Says:
+  """An averager whose sum is `value` everywhere (to see which one ran)."""
+
+  def __init__(self, value):
+    self.value = value
+
+  def weighted_sum(self, values, part):
+    del part
+    return [tf.fill(tf.shape(v), self.value) for v in values]
+
+
+@pytest.mark.parametrize("is_global, sharded, expected", [
+    (False, False, 1.0), (False, True, 1.0), (True, False, 2.0),
+    (True, True, 3.0)])
+def test_across_hosts_a_global_sync_goes_shard_by_shard_or_host_by_host(
+    is_global, sharded, expected):
+  averager = averagers.AcrossHosts(_Says(1.0), _Says(2.0), _Says(3.0))
+  part = types.SimpleNamespace(is_global=tf.constant(is_global),
+                               sharded=tf.constant(sharded))
+  out, = averager.weighted_sum([tf.zeros([2])], part)
+  assert out.numpy().tolist() == [expected] * 2
+
+
+def test_a_member_alone_keeps_its_values():
+  averager = averagers.UnlessAlone(_Says(5.0))
+  values = [tf.constant([1.0, 2.0])]
+  alone = types.SimpleNamespace(group_size=tf.constant(1))
+  assert averager.weighted_sum(values, alone)[0].numpy().tolist() == [1, 2]
+  pair = types.SimpleNamespace(group_size=tf.constant(2))
+  assert averager.weighted_sum(values, pair)[0].numpy().tolist() == [5, 5]
+
+
 def test_one_collective_per_dtype():
   averager = averaging.GroupAverager(2, 99, "/device:CPU:0", "RING", 5.0)
   tensors = [tf.ones([3]), tf.ones([2], tf.float16), tf.ones([5])]
@@ -68,16 +123,25 @@ def test_zero_timeout_is_rejected():
 
 def test_single_member_weighted_sum_is_exact():
   averager = averaging.GroupAverager(1, 4242, "/device:CPU:0", "RING", 5.0)
-  a, b = averager.weighted_sum([tf.constant([1.0, 2.0]),
-                                tf.constant([[3.0]])], 1.0)
+  a, b = averager.reduce([tf.constant([1.0, 2.0]),
+                          tf.constant([[3.0]])], 1.0)
   assert a.numpy().tolist() == [1.0, 2.0] and b.numpy().tolist() == [[3.0]]
+
+
+def _group_part(weight, group_size, group_key, nccl=False):
+  """The fields of a RoundPart a group's averager reads, as tensors."""
+  return types.SimpleNamespace(
+      weight=tf.convert_to_tensor(weight),
+      group_size=tf.convert_to_tensor(group_size),
+      group_key=tf.convert_to_tensor(group_key),
+      nccl=tf.convert_to_tensor(nccl))
 
 
 def test_per_group_choice_builds_nccl_and_ring_ops():
   """Traced only: both branches exist, with their communication hints."""
-  averager = averaging.PerGroupAverager(4, 777, "/device:GPU:0", timeout=9.0)
+  averager = averagers.PerGroupAverager(4, 777, "/device:GPU:0", timeout=9.0)
   fn = tf.function(lambda flag: averager.weighted_sum(
-      [tf.ones([3])], 0.25, tf.constant(2), tf.constant(888), flag))
+      [tf.ones([3])], _group_part(0.25, 2, 888, flag)))
   graph = fn.get_concrete_function(tf.TensorSpec([], tf.bool)).graph
   hints = sorted(
       node.attr["communication_hint"].s.decode()
@@ -162,7 +226,7 @@ def test_packs_and_instance_keys_follow_the_dtype_actually_sent():
   tensors = [tf.ones([3]), tf.ones([2], tf.int32), tf.ones([4], tf.float64)]
   out = []
   ops, _ = _reduce_ops(tf.function(
-      lambda: out.extend(averager.weighted_sum(tensors, 0.5)) or 0))
+      lambda: out.extend(averager.reduce(tensors, 0.5)) or 0))
   by_dtype = {op.get_attr("T").name: op for op in ops}
   # float32 and float64 share one bfloat16 pack; the integers keep theirs.
   assert sorted(by_dtype) == ["bfloat16", "int32"]
@@ -173,7 +237,7 @@ def test_packs_and_instance_keys_follow_the_dtype_actually_sent():
   assert [t.dtype for t in out] == [tf.float32, tf.int32, tf.float64]
   # exact=True (the outer optimizer's state): every tensor in its own dtype.
   exact, _ = _reduce_ops(tf.function(
-      lambda: averager.weighted_sum(tensors, 0.5, exact=True)))
+      lambda: averager.reduce(tensors, 0.5, exact=True)))
   assert sorted(op.get_attr("T").name for op in exact) == [
       "float32", "float64", "int32"]
 
@@ -182,7 +246,7 @@ def test_hierarchical_and_per_group_averaging_send_the_averaging_dtype():
   """Traced only: every collective of a multi-host sync (within hosts,
   across the rack, across racks, back to the rack, back to the host) and
   both NCCL and ring per-group ops send bfloat16."""
-  hier = averaging.HierarchicalAverager("/device:CPU:0", "RING", 5.0,
+  hier = averagers.HierarchicalAverager("/device:CPU:0", "RING", 5.0,
                                         averaging_dtype=tf.bfloat16)
   part = types.SimpleNamespace(
       host_key=tf.constant(5), host_size=tf.constant(2),
@@ -195,11 +259,10 @@ def test_hierarchical_and_per_group_averaging_send_the_averaging_dtype():
       lambda: hier.weighted_sum([tf.ones([3]), tf.ones([2, 2])], part)))
   assert len(nested) == 5
   assert {n.attr["T"].type for n in nested} == {tf.bfloat16.as_datatype_enum}
-  per_group = averaging.PerGroupAverager(4, 777, "/device:GPU:0", 9.0,
+  per_group = averagers.PerGroupAverager(4, 777, "/device:GPU:0", 9.0,
                                          averaging_dtype=tf.float16)
   _, nested = _reduce_ops(tf.function(lambda: per_group.weighted_sum(
-      [tf.ones([3])], 0.25, tf.constant(2), tf.constant(888),
-      tf.constant(True))))
+      [tf.ones([3])], _group_part(0.25, 2, 888, True))))
   assert len(nested) == 2
   assert {n.attr["T"].type for n in nested} == {tf.float16.as_datatype_enum}
 
@@ -214,7 +277,7 @@ def _two_members(group_key, values, weights, averaging_dtype):
       averager = averaging.GroupAverager(2, group_key, f"/device:CPU:{m}",
                                          "RING", timeout=30.0,
                                          averaging_dtype=averaging_dtype)
-      results[m] = [t.numpy() for t in averager.weighted_sum(
+      results[m] = [t.numpy() for t in averager.reduce(
           [tf.constant(v) for v in values[m]], weights[m])]
     except Exception as e:  # pylint: disable=broad-except
       errors.append(e)

@@ -16,6 +16,7 @@ from tensorflow.python.ops import control_flow_util_v2
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
+from oscars_tf.runtime import averagers
 from oscars_tf.runtime import averaging
 from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import py_function_errors
@@ -62,22 +63,25 @@ class Rounds:
   def __init__(self, book, host_device, averaging_device, communication,
                timeout, per_group_nccl=False, averaging_dtype=None):
     self.book = book
-    self._per_group = per_group_nccl  # "auto" on GPUs: NCCL for a group on
-                                      # one host, ring across hosts
     self._averaging_dtype = averaging_dtype  # None: each tensor's own
-    self._hierarchical = averaging.HierarchicalAverager(
-        averaging_device, "NCCL" if per_group_nccl else communication,
-        timeout, averaging_dtype)
-    self._sharded = sharded_sync.ShardedAverager(
-        averaging_device, "NCCL" if per_group_nccl else communication,
-        timeout, averaging_dtype)
-    global_key = group_keys.GROUP_KEY_BASE
-    self._group_averager = (
-        averaging.PerGroupAverager(book.n, global_key, averaging_device,
-                                   timeout, averaging_dtype)
-        if per_group_nccl else
-        averaging.GroupAverager(book.n, global_key, averaging_device,
-                                communication, timeout, averaging_dtype))
+    # The model's averager: the round's group ("auto" on GPUs: NCCL for a
+    # group on one host, ring across hosts); across hosts a global sync
+    # shard by shard or host by host; a member alone meets none.
+    averager = self._group_averager(averaging_device, communication,
+                                    timeout, per_group_nccl)
+    if book.multi_host:
+      intra = "NCCL" if per_group_nccl else communication
+      averager = averagers.AcrossHosts(
+          averager, averagers.HierarchicalAverager(
+              averaging_device, intra, timeout, averaging_dtype),
+          sharded_sync.ShardedAverager(averaging_device, intra, timeout,
+                                       averaging_dtype))
+    self._averager = averagers.UnlessAlone(averager)
+    # State every sound member holds equal, sent to a rejoiner in its
+    # group: exact, under its own instance keys.
+    self._shared_averager = self._group_averager(
+        averaging_device, communication, timeout, per_group_nccl,
+        role="shared", exact=True)
     with tf.device(host_device), tf.init_scope():
       k, scale = book.my_steps(book.plan, 0)
       self.local_step = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -98,6 +102,19 @@ class Rounds:
                                      target_steps)
     self.next_sync.assign(k)
     self.scale.assign(scale)
+
+  def _group_averager(self, device, communication, timeout, per_group_nccl,
+                      role="model", exact=False):
+    """The averager of a round's group (its size and key from the round's
+    part; the whole cluster's by default)."""
+    global_key = group_keys.GROUP_KEY_BASE
+    if per_group_nccl:
+      return averagers.PerGroupAverager(
+          self.book.n, global_key, device, timeout, self._averaging_dtype,
+          role, exact)
+    return averaging.GroupAverager(
+        self.book.n, global_key, device, communication, timeout,
+        self._averaging_dtype, role, exact)
 
   # -- py_function bodies (carried: what they raise keeps its class) -------
 
@@ -152,14 +169,7 @@ class Rounds:
     # others renormalize, and it takes the group's average like everyone.
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                             for v in values])
-    n = self.book.n
-    part = round_parts.RoundPart(*[
-        tf.reshape(o, _part_shape(name, n))
-        for name, o in zip(PART_DTYPES._fields, tf.py_function(
-            self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
-            list(PART_DTYPES)))])
-    weight, group_key, group_size = (part.weight, part.group_key,
-                                     part.group_size)
+    part = self._arrive(step, loss, finite)
     poisoned = part.takes_model
     with tf.control_dependencies([part.table]):
       if start is not None:
@@ -168,32 +178,7 @@ class Rounds:
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
       sent = averaging.packed_bytes(values, self._averaging_dtype)
-
-      def group_sum(tensors, w, role="model", exact=False):
-        if self._per_group:
-          return self._group_averager.weighted_sum(
-              tensors, w, group_size, group_key, part.nccl, role=role,
-              exact=exact)
-        return self._group_averager.weighted_sum(
-            tensors, w, role=role, group_size=group_size, group_key=group_key,
-            exact=exact)
-
-      def together():
-        return group_sum(values, weight)
-
-      def hierarchical():  # shard by shard where the hosts' sizes allow
-        return tf.cond(
-            part.sharded,
-            lambda: self._sharded.weighted_sum(values, part),
-            lambda: self._hierarchical.weighted_sum(values, part))
-
-      if self.book.multi_host:  # a global sync crosses hosts hierarchically
-        in_group = together
-
-        def together():
-          return tf.cond(part.is_global, hierarchical, in_group)
-      averaged = tf.cond(group_size > 1, together,
-                         lambda: [tf.identity(v) for v in values])
+      averaged = self._averager.weighted_sum(values, part)
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
     shared = []
@@ -203,8 +188,8 @@ class Rounds:
       # branch.
       with tf.control_dependencies(averaged):
         shared = [tf.cond(
-            part.rejoining & (group_size > 1),
-            lambda: _share(shared_state, part.state_weight, group_sum),
+            part.rejoining & (part.group_size > 1),
+            lambda: _share(shared_state, part, self._shared_averager),
             tf.no_op)]
     with tf.control_dependencies(shared):
       written = write_values(averaged, part.is_global)
@@ -221,15 +206,27 @@ class Rounds:
                self.syncs.assign_add(1)]
     return tf.group(updates)
 
+  def _arrive(self, step, loss, finite):
+    """This worker's RoundPart of the round, as tensors (the round book's
+    `arrive`, through tf.py_function)."""
+    n = self.book.n
+    return round_parts.RoundPart(*[
+        tf.reshape(o, _part_shape(name, n))
+        for name, o in zip(PART_DTYPES._fields, tf.py_function(
+            self._on_arrive, [step, tf.cast(loss, tf.float64), finite],
+            list(PART_DTYPES)))])
 
-def _share(variables, weight, group_sum):
-  """Assigns the group's weighted sum of `variables`: the holders' values
-  (a weight of 0 sends zeros: a non-finite value times 0 is NaN). Sent in
-  full precision whatever the averaging dtype: the holders' state must come
+
+def _share(variables, part, averager):
+  """Assigns the group's sum of `variables` weighted by
+  `part.state_weight`: the holders' values (a weight of 0 sends zeros: a
+  non-finite value times 0 is NaN). `averager` sends them in full
+  precision whatever the averaging dtype: the holders' state must come
   back unchanged."""
+  weight = part.state_weight
   mine = [tf.where(weight > 0, v, tf.zeros_like(v)) for v in variables]
   return tf.group([v.assign(a) for v, a in zip(
-      variables, group_sum(mine, weight, "shared", exact=True))])
+      variables, averager.weighted_sum(mine, part._replace(weight=weight)))])
 
 
 def _relative_distance(values, averaged):

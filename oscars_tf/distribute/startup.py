@@ -84,6 +84,6 @@ class Handshake:
     averaging.instance_key). Sent exactly, in their own dtypes."""
     weight = 1.0 if self._cluster.is_chief else 0.0
     write(self._guarded(
-        lambda: self._averager.weighted_sum(values, weight, role=role,
-                                            exact=True),
+        lambda: self._averager.reduce(values, weight, role=role,
+                                      exact=True),
         "the initial broadcast"))

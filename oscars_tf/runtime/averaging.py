@@ -14,6 +14,9 @@ and the sum is cast back. Half the bytes of float32; the cost is precision
 their change since the last average: members of one group need not hold
 the same last average (groups, rejoined and poisoned workers), and the
 result must be the same on every member.
+
+This is the mechanism; the averagers a round chooses among, each with the
+one interface `weighted_sum(values, part)`, are in averagers.py.
 """
 
 import contextlib
@@ -190,7 +193,11 @@ class GroupAverager:
 
   Each member passes its tensors and its weight; every member gets back
   `sum_m weight_m * tensors_m`. Weights summing to 1 give a weighted
-  average; a one-hot weight gives a broadcast from that member.
+  average; a one-hot weight gives a broadcast from that member. `reduce`
+  is the mechanism: one packed `CollectiveReduceV2` a dtype sent, with
+  explicit keys; `weighted_sum(values, part)` is the averagers' interface
+  (runtime/averagers.py): the group, key and weight a round's `RoundPart`
+  names.
 
   Args:
     group_size: number of members.
@@ -202,10 +209,19 @@ class GroupAverager:
     averaging_dtype: None (each tensor in its own dtype), tf.bfloat16 or
       tf.float16 (float32 and float64 tensors are sent in it; see
       `sent_dtype`). Every member must use the same.
+    role: "model" (default), the collectives' instance keys (see
+      `instance_key`).
+    exact: False (default); True sends every tensor in its own dtype,
+      whatever the averaging dtype (state that must stay as it is, such as
+      the outer optimizer's).
+
+  Example:
+    averager = GroupAverager(1, 4242, "/device:CPU:0", "RING", timeout=5.0)
+    averager.reduce([tf.constant([1.0, 2.0])], 1.0)  # alone: its values
   """
 
   def __init__(self, group_size, group_key, device, communication, timeout,
-               averaging_dtype=None):
+               averaging_dtype=None, role="model", exact=False):
     if timeout <= 0:
       raise ValueError(f"collective timeout must be > 0 s, got {timeout!r}.")
     self.group_size = group_size
@@ -214,9 +230,11 @@ class GroupAverager:
     self.communication = communication
     self.timeout = float(timeout)
     self.averaging_dtype = averaging_dtype
+    self.role = role
+    self.exact = exact
 
-  def _reduce(self, flat, instance_key, merge_op="Add", group_size=None,
-              group_key=None):
+  def _all_reduce(self, flat, instance_key, merge_op="Add", group_size=None,
+                  group_key=None):
     with tf.device(self.device):
       return collective_ops.all_reduce_v2(
           flat,
@@ -225,16 +243,23 @@ class GroupAverager:
           instance_key=instance_key, merge_op=merge_op, final_op="Id",
           communication_hint=self.communication, timeout=self.timeout)
 
-  def weighted_sum(self, tensors, weight, role="model", group_size=None,
-                   group_key=None, exact=False):
+  def weighted_sum(self, values, part):
+    """The sum over `part`'s group (`part.group_size`, `part.group_key`),
+    this member weighted by `part.weight` (tensors of a RoundPart)."""
+    return self.reduce(values, part.weight, group_size=part.group_size,
+                       group_key=part.group_key)
+
+  def reduce(self, tensors, weight, role=None, group_size=None,
+             group_key=None, exact=None):
     """Returns `sum over members of weight * tensors` (same structure, same
     dtypes).
 
     `group_size` and `group_key` may be tensors, overriding the averager's
-    own, so one op serves whichever group a plan puts this member in.
-    `exact`: send every tensor in its own dtype, whatever the averaging
-    dtype (state that must stay as it is, such as the outer optimizer's).
+    own, so one op serves whichever group a plan puts this member in;
+    `role` and `exact` (None: the averager's own), see the class.
     """
+    role = self.role if role is None else role
+    exact = self.exact if exact is None else exact
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     out = list(tensors)
     previous = fault_injection.before_collective()  # [] outside tests
@@ -247,7 +272,7 @@ class GroupAverager:
       # ordering token, two of them may be launched in different orders on
       # different members and deadlock.
       with tf.control_dependencies(previous):
-        reduced = self._reduce(
+        reduced = self._all_reduce(
             flat, instance_key(role, pack_index, dtype.name, flat.shape[0]),
             group_size=group_size, group_key=group_key)
       previous = [reduced]
@@ -259,90 +284,10 @@ class GroupAverager:
     """Element-wise (min, max) of a float64 vector over the members."""
     vector = tf.cast(tf.convert_to_tensor(vector), tf.float64)
     both = tf.concat([vector, -vector], 0)
-    reduced = self._reduce(
+    reduced = self._all_reduce(
         both, instance_key(role, 0, "float64", both.shape[0]), merge_op="Max")
     n = int(vector.shape[0])
     return -reduced[n:], reduced[:n]
-
-
-class PerGroupAverager:
-  """Picks NCCL or ring for each group at run time ("auto" on GPUs).
-
-  A plan's groups change from round to round; a group whose members all sit
-  on one host averages over NCCL, one that spans hosts over gRPC ring. The
-  choice is a tensor (`use_nccl`), so both ops are built and one runs.
-  """
-
-  def __init__(self, group_size, group_key, device, timeout,
-               averaging_dtype=None):
-    self.nccl = GroupAverager(group_size, group_key, device, "NCCL", timeout,
-                              averaging_dtype)
-    self.ring = GroupAverager(group_size, group_key, device, "RING", timeout,
-                              averaging_dtype)
-
-  def weighted_sum(self, tensors, weight, group_size, group_key, use_nccl,
-                   role="model", exact=False):
-    def run(averager):
-      return lambda: averager.weighted_sum(tensors, weight, role=role,
-                                           group_size=group_size,
-                                           group_key=group_key, exact=exact)
-    return tf.cond(use_nccl, run(self.nccl), run(self.ring))
-
-
-class HierarchicalAverager:
-  """A global average over several hosts: within hosts, across, and back.
-
-  1. Each host's members sum `weight_in_host * values` (NCCL on GPUs).
-  2. One leader per host sums `host_share * host_average` with the other
-     leaders of its rack over gRPC ring: only one member per host crosses
-     the network, and no ring has more than the schedule's group bound.
-  3. With more than one rack, the racks' leaders sum `rack_share *
-     rack_average` over gRPC ring, and each sends the result back to its
-     rack's leaders.
-  4. Each host leader broadcasts the result to its host's members.
-  Group keys, sizes and weights are tensors taken from the plan. With an
-  averaging dtype all three steps send it: steps 1 and 2 each round (the
-  host average is rounded, then the global one), step 3 loses nothing (the
-  leader's values came out of step 2, so they are exact in that dtype).
-  """
-
-  def __init__(self, device, intra_communication, timeout,
-               averaging_dtype=None):
-    self.intra = GroupAverager(2, 0, device, intra_communication, timeout,
-                               averaging_dtype)
-    self.cross = GroupAverager(2, 0, device, "RING", timeout, averaging_dtype)
-
-  def weighted_sum(self, tensors, p):
-    """`p`: tensors host_key, host_size, weight_in_host, is_leader,
-    leaders_key, leaders_size, host_share, is_rack_leader, racks_key,
-    racks_size, rack_share as attributes (a RoundPart of
-    protocol/round_parts.py)."""
-    def within(values, weight, role):
-      return tf.cond(
-          p.host_size > 1,
-          lambda: self.intra.weighted_sum(values, weight, role=role,
-                                          group_size=p.host_size,
-                                          group_key=p.host_key),
-          lambda: [tf.identity(v) for v in values])
-
-    def leaders_ring(values, weight, role, is_in, size, key):
-      return tf.cond(
-          is_in,
-          lambda: self.cross.weighted_sum(values, weight, role=role,
-                                          group_size=size, group_key=key),
-          lambda: [tf.identity(v) for v in values])
-
-    host_average = within(tensors, p.weight_in_host, "model")
-    crossed = leaders_ring(host_average, p.host_share, "across", p.is_leader,
-                           p.leaders_size, p.leaders_key)
-    several = p.racks_size > 1
-    crossed = leaders_ring(crossed, p.rack_share, "racks",
-                           several & p.is_leader & p.is_rack_leader,
-                           p.racks_size, p.racks_key)
-    crossed = leaders_ring(crossed, tf.where(p.is_rack_leader, 1.0, 0.0),
-                           "rack_back", several & p.is_leader,
-                           p.leaders_size, p.leaders_key)
-    return within(crossed, tf.where(p.is_leader, 1.0, 0.0), "back")
 
 
 def packed_bytes(tensors, averaging_dtype=None):

@@ -7,7 +7,7 @@
     OSCARS_FAULT_HOLD_AT_ARRIVAL=R:W:DIR
 
 Every worker counts the averaging collectives it enters (each
-`GroupAverager.weighted_sum` that runs). At the N-th, each worker writes
+`GroupAverager.reduce` that runs). At the N-th, each worker writes
 `DIR/collective-N-w<index>` right before entering it, and worker W then
 stops itself (SIGSTOP). The others are then blocked inside the collective,
 waiting for W, which a test can kill with SIGKILL once every marker is

@@ -1,6 +1,6 @@
 """A global average over several hosts near the ring all-reduce bound.
 
-HierarchicalAverager (averaging.py) sends the whole model into each host,
+HierarchicalAverager (averagers.py) sends the whole model into each host,
 across hosts from one leader, and back down: each member sends about
 2 x 2(L-1)/L of the model, twice the bound 2(N-1)/N of one flat ring. Here
 each host cuts the model into pieces, one a member, and the pieces cross
@@ -53,15 +53,17 @@ class ShardedAverager:
     self.timeout = float(timeout)
     self.averaging_dtype = averaging_dtype
 
-  def weighted_sum(self, tensors, p):
-    """`sum over members of weight * tensors` (same structure and dtypes).
+  def weighted_sum(self, values, part):
+    """`sum over members of weight * values` (same structure and dtypes):
+    the averagers' interface (averagers.py).
 
-    `p`: a RoundPart (protocol/round_parts.py) with tensors as fields:
+    `part`: a RoundPart (protocol/round_parts.py) with tensors as fields:
     host_key, host_size, weight_in_host, host_share, rack_share,
     shard_rank, pieces, cut_denominator, the segment_* vectors,
     host_leads_rack, shard_racks_size.
     """
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    p = part
+    tensors = [tf.convert_to_tensor(t) for t in values]
     out = list(tensors)
     previous = fault_injection.before_collective()  # [] outside tests
     weight = p.weight_in_host * p.host_share * p.rack_share
