@@ -64,7 +64,8 @@ def test_a_coordinator_task_hosts_the_service_and_is_no_worker():
   host = cluster.from_tf_config(_config(spec, "coordinator", 0))
   assert host.is_coordinator and host.address == "h:9"
   assert host.num_workers == 2 and host.workers[0][2] == "h:1"
-  with pytest.raises(ClusterConfigError, match="python -m oscars_tf.cli.coordinator"):
+  with pytest.raises(ClusterConfigError,
+                     match="python -m oscars_tf.cli.coordinator"):
     host.worker_index  # pylint: disable=pointless-statement  # noqa: B018
   # What the strategy hands to TensorFlow's and Keras' multi-worker code
   # leaves it out: TensorFlow's helpers reject a job of that name.
