@@ -29,7 +29,8 @@ def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,
                            expect_success=False, kill_on_failure=False,
                            timeout=120)
   assert time.monotonic() - start < 60
-  assert all(c not in (0, None) for c in result.codes), result.tail()
+  assert all(c not in (0, None) for c in result.codes), (
+      result.codes, result.failed, result.outputs, result.tail())
   for out in result.outputs:
     assert out["error"] == error, out
     assert words in out["message"], out
