@@ -87,7 +87,7 @@ def test_tensorflows_lost_wake_up_blocks_a_deletion_but_not_release_or_exit():
   priority (nice 19), so that the autotune thread they wake runs before
   they mark the iterator cancelled: the wake-up is lost every time, not
   only under load."""
-  out, exit_s = _run_child("""
+  program = """
       import os, threading, time
       os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
       import tensorflow as tf
@@ -124,8 +124,14 @@ def test_tensorflows_lost_wake_up_blocks_a_deletion_but_not_release_or_exit():
       start = time.monotonic()
       at_nice_19(lambda: deferred_release.release(released))
       print(f"released {time.monotonic() - start:.3f}", flush=True)
-      """)
-  times = dict(line.split() for line in out)
+      """
+  # The lost wake-up is TensorFlow's race: most runs hit it, not all (about
+  # 1 in 3 here); a run that missed it checks nothing, so try again.
+  for _ in range(4):
+    out, exit_s = _run_child(program)
+    times = dict(line.split() for line in out)
+    if float(times["direct"]) > 1.0:
+      break
   # The deletion on this thread waited out the lost wake-up: the test can
   # fail if TensorFlow fixes it (then this module's reason is gone).
   assert float(times["direct"]) > 1.0, out
