@@ -12,6 +12,7 @@ from fake_clock import FakeClock
 from fake_store import FakeStore
 from fake_store import run_threads
 from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import agreement
 from oscars_tf.protocol import store_keys
 
@@ -135,3 +136,33 @@ def test_the_chief_leaves_an_exchange_only_once_every_other_has_read():
                              for w in (chief, other)], clock=clock)
   assert errors == [None, None] and got[1] == {0: "0", 1: "1"}
   assert store_keys.exchange_read("y", 0, 1) in store.data
+
+
+def test_a_worker_whose_read_mark_lands_as_the_chief_leaves_keeps_the_texts():
+  # Worker 1's "read" lands in the store, the chief sees it and leaves with
+  # the service before the reply: the set fails, but worker 1 has every
+  # text, so it goes on with them (then raises a mismatch, say) instead of
+  # reporting a lost service.
+  store = FakeStore(FakeClock())
+  chief, other = _workers(store, 2, decision=30.0)
+  read_key = store_keys.exchange_read("x", 0, 1)
+  plain_set = store.set
+
+  def set_then_lose_the_reply(key, value):
+    plain_set(key, value)
+    if key == read_key:
+      raise WorkerLostError("the coordination service cannot be reached")
+  store.set = set_then_lose_the_reply
+  out, errors = run_threads([lambda w=w: w.exchange("x", str(w.me), (0, 1))
+                             for w in (chief, other)], clock=store.clock)
+  assert errors == [None, None], errors
+  assert out == [{0: "0", 1: "1"}] * 2
+  # Before it has every text, a lost service is still the error it is.
+  store.set = plain_set
+  lone = _workers(FakeStore(FakeClock()), 2)[1]
+
+  def lost(key, value):
+    raise WorkerLostError("the coordination service cannot be reached")
+  lone.store.set = lost
+  with pytest.raises(WorkerLostError):
+    lone.exchange("x", "1", (0, 1))

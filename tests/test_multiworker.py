@@ -229,7 +229,8 @@ def test_workers_resumed_from_directories_at_different_epochs_refuse():
           f"{directory.format(0)}/epoch-3.weights.h5 (epoch 3, optimizer "
           "step 0): give every worker the same checkpoint directory")
   for out in result.outputs:
-    assert out["error"] == "WorkerMismatchError", out
+    assert out["error"] == "WorkerMismatchError", (result.outputs,
+                                                   result.tail())
     assert line in out["message"] and "\n" not in out["message"], out
 
 

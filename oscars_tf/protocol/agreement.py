@@ -19,6 +19,7 @@ import collections
 import json
 
 from oscars_tf.errors import PeerTimeoutError
+from oscars_tf.errors import WorkerLostError
 from oscars_tf.protocol import clock as clock_lib
 from oscars_tf.protocol import kv_store
 from oscars_tf.protocol import store_keys
@@ -86,7 +87,11 @@ class Agreements:
                        for j in others], deadline,
           lambda i: self.is_gone(others[i]), self.clock)
     else:
-      self.store.set(store_keys.exchange_read(name, index, self.me), "1")
+      try:
+        self.store.set(store_keys.exchange_read(name, index, self.me), "1")
+      except WorkerLostError:
+        pass  # the mark landed and the chief left before the reply: this
+              # worker has every text, so it goes on with them
     return {self.me: text, **dict(zip(others, texts))}
 
   def _next_index(self, round_):
