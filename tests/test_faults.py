@@ -248,10 +248,10 @@ def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
     tmp_path):
   # Worker 2 stops itself at the end of round 6 before posting its row (a
   # stop inside a collective would hold everyone, not drop it), is resumed
-  # once the chief has dropped it, and stops itself again once its request
-  # to rejoin is in the store; it is killed there. The chief must not let
-  # the dead worker in: every member would wait for it in the round's
-  # collective, then the job would restart.
+  # once the chief has dropped it, and kills itself once its request to
+  # rejoin is in the store. The chief must not let the dead worker in:
+  # every member would wait for it in the round's collective, then the job
+  # would restart.
   ckpt, result, markers = tmp_path / "ckpt", tmp_path / "r.json", tmp_path
   job = faults.launch(3, TRAIN_ARGS + [
       "--epochs=6", f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
@@ -275,11 +275,15 @@ def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
     faults.wait_for(lambda: marker.exists() and marker.read_text(), 60,
                     "worker 2's request to rejoin", job)
     killed_at = time.time()
-    os.kill(int(marker.read_text()), signal.SIGKILL)
     out, err = faults.finish(job, 200)
   except BaseException:
     faults.kill(job)
     raise
+  if "worker(s) [2] let back in at round" in err:
+    # The chief read the request in the microseconds between it and the
+    # death (a loaded machine): a death in a collective, not this window.
+    pytest.skip("the chief let worker 2 in before it died: the window "
+                "after its death was not reached")
   assert job.returncode == 0, err[-3000:]
   assert "worker 2 was killed by SIGKILL; the others go on" in err
   assert "restart" not in err, err[-3000:]

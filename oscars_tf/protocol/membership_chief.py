@@ -11,6 +11,8 @@ newcomers and every row — the way the job's distribution says
 (membership.py) is the worker's way in. No TensorFlow here.
 """
 
+from absl import logging
+
 from oscars_tf.protocol import arrival_reads
 from oscars_tf.protocol import decision_codec
 from oscars_tf.protocol import host_relay
@@ -61,6 +63,10 @@ class Chief:
     dropped = [j for j in others if j not in rows]
     if dropped:
       w.hooks.dropped(dropped)
+      logging.warning(
+          "oscars_tf: worker(s) %s dropped at round %d (not at the round "
+          "end within %.3g s of the chief, or gone); the others go on.",
+          dropped, round_, straggler_s)
     for j in dropped:
       w.events.append((round_, "dropped", j, w.clock.monotonic() - t0))
     was_member = set(w.members)  # a set: `in` a tuple is O(workers)
@@ -69,6 +75,9 @@ class Chief:
         w.is_gone, w.clock)
     rows.update(asked)
     newcomers = list(asked)
+    if newcomers:
+      logging.warning("oscars_tf: worker(s) %s let back in at round %d.",
+                      newcomers, round_)
     # Every arrival of the round is read (or the chief's own): one call
     # deletes them all (a directory), not one RPC per member.
     w.store.delete(store_keys.arrivals(round_))

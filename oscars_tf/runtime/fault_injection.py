@@ -16,16 +16,21 @@ once, so the restarted job is not held again. Unset (always, outside
 tests), the collectives are built without the hook.
 
 The second: a dropped worker that has asked to rejoin writes
-`DIR/rejoin-w<index>` (its pid) and stops itself, once: a death while
-waiting to rejoin, hit every time. The third: worker W, saving its round
-state, writes `DIR/save-w<W>` and stops itself once its weights are in a
-temporary file, before their rename: a death while saving. The fourth:
-worker W, at the end of round R once every worker has reached it (each
-writes `DIR/arrived-R-w<index>` there), writes `DIR/arrival-R-w<W>` and
-stops itself before its row is posted: a
-stall the chief surely drops it for (a stall inside a collective, or
-while a peer still pulls the last one's data from it, holds everyone
-instead); the chief then writes `DIR/dropped-w<W>` as it drops it.
+`DIR/rejoin-w<index>` (its pid) and kills itself (SIGKILL), once: a death
+while waiting to rejoin. Killed by itself, at once, not by a test that
+sees the marker later, so the chief almost never reads the request while
+the process still lives (it would let it in: a death in the round's
+collective; the chief logs whom it lets in, so a test can tell).
+
+The third: worker W, saving its round state, writes `DIR/save-w<W>` and
+stops itself once its weights are in a temporary file, before their
+rename: a death while saving. The fourth: worker W, at the end of round R
+once every worker has reached it (each writes `DIR/arrived-R-w<index>`
+there), writes `DIR/arrival-R-w<W>` and stops itself before its row is
+posted: a stall the chief surely drops it for (a stall inside a
+collective, or while a peer still pulls the last one's data from it, holds
+everyone instead); the chief then writes `DIR/dropped-w<W>` as it drops
+it.
 """
 
 import json
@@ -51,20 +56,22 @@ def _worker_index():
   return int(config.get("task", {}).get("index", 0))
 
 
-def _stop_once(marker):
-  """Writes `marker` (this pid) and stops this process, unless it exists."""
+def _stop_once(marker, how=signal.SIGSTOP):
+  """Writes `marker` (this pid) and stops (or with SIGKILL, kills) this
+  process, unless `marker` exists."""
   if os.path.exists(marker):  # held once already: a restarted job goes on
     return
   with open(marker, "w") as f:
     f.write(str(os.getpid()))
-  os.kill(os.getpid(), signal.SIGSTOP)
+  os.kill(os.getpid(), how)
 
 
 def asked_to_rejoin():
   """Called once a dropped worker's request to rejoin is in the store."""
   directory = os.environ.get(REJOIN_ENV)
   if directory:
-    _stop_once(os.path.join(directory, f"rejoin-w{_worker_index()}"))
+    _stop_once(os.path.join(directory, f"rejoin-w{_worker_index()}"),
+               signal.SIGKILL)
 
 
 def in_round_state_save():
