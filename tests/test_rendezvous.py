@@ -5,6 +5,7 @@ Python programs that write their TF_CONFIG."""
 
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -300,4 +301,22 @@ def test_a_launcher_whose_node_0_never_answers_says_so_in_one_line(tmp_path):
   assert err.strip() == (
       f"oscars-launch: error: rendezvous: node 0 did not answer at "
       f"127.0.0.1:{port} within 1 s (last try: Connection refused)"), err
+  assert not os.listdir(tmp_path)
+
+
+def test_a_signal_to_a_waiting_node_0_ends_its_launcher_at_once(tmp_path):
+  proc = _node(0, _free_port(), 1, tmp_path)
+  try:
+    with selectors.DefaultSelector() as sel:  # its first line, bounded
+      sel.register(proc.stderr, selectors.EVENT_READ)
+      assert sel.select(timeout=30), "no line from node 0 in 30 s"
+    first = proc.stderr.readline()
+    assert "node 0 of 2: waiting up to 30 s for the other nodes" in first
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, err
+  assert err.strip() == ("oscars-launch: got SIGTERM during the rendezvous; "
+                         "no worker started."), err
   assert not os.listdir(tmp_path)

@@ -28,6 +28,9 @@ launcher killed with SIGKILL takes its workers with it (Linux's parent-death
 signal). Workers start with TensorFlow's C++ start-up logging quieted
 (--tf_log_level). With --cpu_limit each worker runs in a cgroup of its own
 with a real CPU quota (EMULATED heterogeneity; see cpu_limits.py).
+With --nnodes N, the same command runs once on every node (--node_rank,
+--rendezvous): the nodes meet at node 0, and each starts its own workers
+with the whole job's TF_CONFIG (cli/multi_node.py, tools/rendezvous.py).
 `oscars-launch --help` lists the flags by section. Imports no TensorFlow.
 """
 

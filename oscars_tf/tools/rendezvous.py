@@ -195,11 +195,11 @@ def _read_line(conn, deadline, stop=None):
   return json.loads(data.split(b"\n", 1)[0])
 
 
-def _take_hello(conn, peer, own, joined):
+def _take_hello(conn, peer, own, joined, stop=None):
   """Reads a connected node's hello; returns it with its host filled in,
   or the reason it is refused (the node is told)."""
   try:
-    message = _read_line(conn, time.monotonic() + HELLO_SECONDS)
+    message = _read_line(conn, time.monotonic() + HELLO_SECONDS, stop)
   except (OSError, ValueError) as e:  # socket.timeout is an OSError
     return f"no hello from {peer} ({e})"
   reason = check_hello(message, own, joined)
@@ -238,7 +238,7 @@ def serve(listener, own, timeout, stop=None, say=None):
         conn, (peer, _) = listener.accept()
       except socket.timeout:
         continue
-      taken = _take_hello(conn, peer, own, set(hellos))
+      taken = _take_hello(conn, peer, own, set(hellos), stop)
       if isinstance(taken, str):
         conn.close()
         if say is not None:
