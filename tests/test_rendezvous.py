@@ -165,7 +165,7 @@ def test_a_node_that_never_comes_up_is_named_within_the_timeout():
   with pytest.raises(rendezvous.RendezvousError) as e:
     rendezvous.serve(listener, _hello(0, 1, nnodes=4, host="127.0.0.1"),
                      timeout=1.5)
-  assert 1.5 <= time.monotonic() - start < 4
+  assert 1.5 <= time.monotonic() - start < 8
   assert str(e.value) == ("node(s) [2, 3] of 4 did not join within 1.5 s "
                           "(joined: [0, 1])")
   node1.join(timeout=5)  # the node that joined hears the end
@@ -177,7 +177,7 @@ def test_a_node_whose_node_0_never_answers_gives_up_in_time():
   start = time.monotonic()
   with pytest.raises(rendezvous.RendezvousError) as e:
     rendezvous.join(("127.0.0.1", port), _hello(1, 1), timeout=1.0)
-  assert 1.0 <= time.monotonic() - start < 4
+  assert 1.0 <= time.monotonic() - start < 8
   assert str(e.value) == (f"node 0 did not answer at 127.0.0.1:{port} "
                           "within 1 s (last try: Connection refused)")
   # Something listens but never replies: the same bound.
@@ -187,7 +187,7 @@ def test_a_node_whose_node_0_never_answers_gives_up_in_time():
                        match=r"took the hello but sent no cluster within "
                        r"1 s \(are all --nnodes=3 nodes started\?\)"):
       rendezvous.join(mute.getsockname(), _hello(1, 1), timeout=1.0)
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 8
 
 
 def test_a_signal_stops_either_side_at_once():
@@ -199,7 +199,7 @@ def test_a_signal_stops_either_side_at_once():
   with pytest.raises(rendezvous.Stopped):
     rendezvous.join(("127.0.0.1", _free_port()), _hello(1, 1), timeout=30,
                     stop=lambda: time.monotonic() - start > 0.6)
-  assert time.monotonic() - start < 3
+  assert time.monotonic() - start < 6
 
 
 def _flags(*args):
