@@ -28,6 +28,9 @@ launcher killed with SIGKILL takes its workers with it (Linux's parent-death
 signal). Workers start with TensorFlow's C++ start-up logging quieted
 (--tf_log_level). With --cpu_limit each worker runs in a cgroup of its own
 with a real CPU quota (EMULATED heterogeneity; see cpu_limits.py).
+With --nnodes N, the same command runs once on every node (--node_rank,
+--rendezvous): the nodes meet at node 0, and each starts its own workers
+with the whole job's TF_CONFIG (cli/multi_node.py, tools/rendezvous.py).
 `oscars-launch --help` lists the flags by section. Imports no TensorFlow.
 """
 
@@ -39,11 +42,13 @@ from absl import app
 from absl import flags
 
 from oscars_tf.cli import launch_attempts
+from oscars_tf.cli import multi_node
 from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import command_help
 from oscars_tf.tools import cpu_limits
 from oscars_tf.tools import emulation
 from oscars_tf.tools import netns
+from oscars_tf.tools import rendezvous
 from oscars_tf.tools import worker_netns
 from oscars_tf.tools.job_layout import free_ports  # noqa: F401
 from oscars_tf.tools.job_layout import tf_configs  # noqa: F401
@@ -66,6 +71,7 @@ SECTIONS = (
     ("recovery", ("keep_going", "restarts", "lost_peer_restarts",
                   "grace_seconds")),
     ("networking", ("network", "host", "bandwidth")),
+    ("nodes", multi_node.FLAG_NAMES),
     ("emulation", ("simulate_step_time", "cpu_limit", "cpu_limit_from")),
 )
 # TensorFlow's C++ runtime logs a dozen INFO and WARNING lines per worker at
@@ -78,7 +84,7 @@ def define_flags(flag_values=FLAGS):
   """Defines the launcher's flags (see SECTIONS) in `flag_values`."""
   fv = {"flag_values": flag_values}
   for define in (_cluster_flags, _recovery_flags, _networking_flags,
-                 _emulation_flags):
+                 multi_node.define_flags, _emulation_flags):
     define(fv)
 
 
@@ -302,8 +308,10 @@ def _coordinator_command():
 
 def _run(command):
   """Runs the job (restarting it as --restarts says); the exit code."""
+  address = multi_node.check_flags(FLAGS)  # None: one node
   coordinator = _coordinator_command()
-  _isolate(sys.argv)
+  if address is None:
+    _isolate(sys.argv)
   env = _worker_env()
   deadline = time.monotonic() + FLAGS.timeout if FLAGS.timeout else None
   # Every attempt's workers join the same cgroups and namespaces, removed
@@ -313,8 +321,16 @@ def _run(command):
       FLAGS.cpu_limit_from == "ready") as limits, emulation.network(
           FLAGS.network, FLAGS.bandwidth, FLAGS.num_workers, FLAGS.num_ps,
           FLAGS["host"].present) as spaces:
+    try:
+      node = address and multi_node.meet(
+          FLAGS, address, stop=lambda: signals.received)
+    except rendezvous.Stopped:
+      print(f"oscars-launch: got {signals.received.name} during the "
+            "rendezvous; no worker started.", file=sys.stderr)
+      return 128 + signals.received
     job, codes, failed = launch_attempts.run(
-        command, env, coordinator, deadline, signals, limits, spaces, FLAGS)
+        command, env, coordinator, deadline, signals, limits, spaces, FLAGS,
+        node)
   return launch_attempts.exit_code(job, codes, failed, signals, FLAGS)
 
 
@@ -342,6 +358,9 @@ def main(argv):
     return 1
   except WorkerStartError as e:
     print(f"oscars-launch: error: {e}", file=sys.stderr)
+    return 1
+  except rendezvous.RendezvousError as e:
+    print(f"oscars-launch: error: rendezvous: {e}", file=sys.stderr)
     return 1
   except worker_netns.Unavailable as e:
     print(f"oscars-launch: error: --network=emulated: "

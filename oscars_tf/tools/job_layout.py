@@ -49,17 +49,19 @@ def free_ports(n, host="127.0.0.1"):
   return ports
 
 
-def cluster_tasks(num_workers, num_ps=0, coordinator=False):
+def cluster_tasks(num_workers, num_ps=0, coordinator=False, first_worker=0):
   """(task type, index) of each process of a job, in a Job's order.
 
   Without ps tasks: the workers, worker 0 the chief (OscarsStrategy,
   MultiWorkerMirroredStrategy), and with `coordinator` last the task that
   hosts the coordination service (oscars_tf/cli/coordinator.py). With ps
   tasks: ParameterServerStrategy's cluster, the chief (the coordinator)
-  first, then the workers, then the ps.
+  first, then the workers, then the ps. `first_worker`: the index of the
+  first worker, where this node's workers are part of a job on several
+  nodes (workers only).
   """
   if not num_ps:
-    return ([("worker", i) for i in range(num_workers)] +
+    return ([("worker", first_worker + i) for i in range(num_workers)] +
             [("coordinator", 0)] * bool(coordinator))
   return ([("chief", 0)] + [("worker", i) for i in range(num_workers)] +
           [("ps", i) for i in range(num_ps)])

@@ -112,15 +112,24 @@ class Job:
   `stdout`, `stderr` (binary pipes), `poll` and `wait`, or None to start
   it with Popen as above; only for tasks without a `task_preexec` (the
   tests fork their workers from a server that imported TensorFlow once).
+  `configs` (one TF_CONFIG per worker) and `first_worker` (the first one's
+  global index): this node's workers in a job on several nodes
+  (cli/multi_node.py); their cluster, ports included, is given, and the
+  chief is here only where `first_worker` is 0.
   """
 
   def __init__(self, command, num_workers, host="127.0.0.1", env=None,
                worker_env=None, out=None, hosts=None, err=None, num_ps=0,
-               task_preexec=None, coordinator_command=None, spawn=None):
+               task_preexec=None, coordinator_command=None, spawn=None,
+               configs=None, first_worker=0):
     self.command = list(command)
     self.num_workers = num_workers
     coordinator = coordinator_command is not None
-    self.tasks = cluster_tasks(num_workers, num_ps, coordinator)
+    self.tasks = cluster_tasks(num_workers, num_ps, coordinator,
+                               first_worker)
+    # The chief's position (a ps job's chief task, or worker 0), or None
+    # on a node of a multi-node job without it.
+    self.chief = 0 if self.tasks[0] in (("chief", 0), ("worker", 0)) else None
     self.servers = {i for i, (kind, _) in enumerate(self.tasks)
                     if (num_ps and kind != "chief") or kind == "coordinator"}
     self.procs = []
@@ -142,8 +151,8 @@ class Job:
     # What the tasks start outlives them unless their groups are killed:
     # by stop(), or by the guard if this process dies first.
     self._guard = job_guard.Guard()
-    configs = tf_configs(num_workers, host, hosts=hosts, num_ps=num_ps,
-                         coordinator=coordinator)
+    configs = configs or tf_configs(num_workers, host, hosts=hosts,
+                                    num_ps=num_ps, coordinator=coordinator)
     for position, ((kind, index), config) in enumerate(
         zip(self.tasks, configs)):
       penv = dict(os.environ if env is None else env)
@@ -239,8 +248,9 @@ class Job:
         # Deaths first: a survivor of the dead worker's collective (75)
         # then ends the job, to be restarted with the chief (lost_a_peer),
         # whether or not the chief was in that collective.
-        if (keep_going and i > 0 and self.tasks[i][0] == "worker" and
-            c is not None and i not in self.lost and
+        if (keep_going and i != self.chief and
+            self.tasks[i][0] == "worker" and c is not None and
+            i not in self.lost and
             (c < 0 or (c == PEER_LOST_EXIT_CODE and
                        not self._survivor_of_a_death(i)))):
           self.lost[i] = (c, time.monotonic() - t0)
