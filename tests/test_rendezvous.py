@@ -59,12 +59,25 @@ def test_the_cluster_numbers_workers_node_by_node_chief_on_node_0():
   assert "node 1 of 3: worker 2 of 6" in rendezvous.describe(cluster, 1)
 
 
-def test_the_cluster_refuses_two_workers_on_one_address_and_gaps():
+def test_the_cluster_refuses_two_workers_on_one_address_and_no_node_0():
   with pytest.raises(ValueError, match="two workers at 10.0.0.1:20000"):
     rendezvous.build_cluster([_hello(0, 1, host="10.0.0.1"),
                               _hello(1, 1, host="10.0.0.1", first_port=19990)])
-  with pytest.raises(ValueError, match=r"have ranks \[0, 2\]"):
-    rendezvous.build_cluster([_hello(0, 1, host="a"), _hello(2, 1, host="b")])
+  with pytest.raises(ValueError, match=r"have ranks \[1, 2\]"):
+    rendezvous.build_cluster([_hello(1, 1, host="a"), _hello(2, 1, host="b")])
+  with pytest.raises(ValueError, match=r"have ranks \[0, 1, 1\]"):
+    rendezvous.build_cluster([_hello(0, 1, host="a"), _hello(1, 1, host="b"),
+                              _hello(1, 1, host="c")])
+
+
+def test_a_restart_without_a_gone_node_renumbers_the_workers():
+  # Node 1's launcher is gone: the next attempt is nodes 0 and 2.
+  cluster = rendezvous.build_cluster([_hello(0, 2, host="a"),
+                                      _hello(2, 1, host="c")])
+  assert cluster["workers"] == ["a:20000", "a:20001", "c:20020"]
+  first, configs = rendezvous.node_configs(cluster, 2)
+  assert first == 2 and len(configs) == 1
+  assert json.loads(configs[0])["task"] == {"type": "worker", "index": 2}
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -217,10 +230,12 @@ def _flags(*args):
     (["--nnodes=2", "--rendezvous=127.0.0.1"],
      "--rendezvous: '127.0.0.1' is not HOST:PORT"),
     (["--nnodes=2", "--rendezvous=0.0.0.0:9"], "not 0.0.0.0"),
-    (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--restarts=1"],
-     "--restarts: restarts do not work across nodes yet"),
-    (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--lost_peer_restarts=1"],
-     "--lost_peer_restarts: restarts do not work across nodes yet"),
+    (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--num_ps=1"],
+     "--num_ps: ParameterServerStrategy clusters do not work across nodes"),
+    (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--coordinator"],
+     "--coordinator: a coordinator task do"),
+    (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--bandwidth=1gbit"],
+     "--bandwidth: EMULATED per-worker links"),
     (["--nnodes=2", "--rendezvous=127.0.0.1:9", "--network=isolated"],
      "--network=isolated: the other nodes must reach"),
 ])

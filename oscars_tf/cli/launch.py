@@ -43,6 +43,7 @@ from absl import flags
 
 from oscars_tf.cli import launch_attempts
 from oscars_tf.cli import multi_node
+from oscars_tf.cli import node_attempts
 from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import command_help
 from oscars_tf.tools import cpu_limits
@@ -321,17 +322,28 @@ def _run(command):
       FLAGS.cpu_limit_from == "ready") as limits, emulation.network(
           FLAGS.network, FLAGS.bandwidth, FLAGS.num_workers, FLAGS.num_ps,
           FLAGS["host"].present) as spaces:
-    try:
-      node = address and multi_node.meet(
-          FLAGS, address, stop=lambda: signals.received)
-    except rendezvous.Stopped:
-      print(f"oscars-launch: got {signals.received.name} during the "
-            "rendezvous; no worker started.", file=sys.stderr)
-      return 128 + signals.received
+    if address is not None:
+      return _run_node(command, env, deadline, signals, limits, address)
     job, codes, failed = launch_attempts.run(
-        command, env, coordinator, deadline, signals, limits, spaces, FLAGS,
-        node)
+        command, env, coordinator, deadline, signals, limits, spaces, FLAGS)
   return launch_attempts.exit_code(job, codes, failed, signals, FLAGS)
+
+
+def _run_node(command, env, deadline, signals, limits, address):
+  """One node's part of a job on several nodes; the exit code."""
+  try:
+    channel = multi_node.meet(FLAGS, address,
+                              stop=lambda: signals.received)
+  except rendezvous.Stopped:
+    print(f"oscars-launch: got {signals.received.name} during the "
+          "rendezvous; no worker started.", file=sys.stderr)
+    return 128 + signals.received
+  try:
+    job, decision = node_attempts.run(command, env, deadline, signals,
+                                      limits, channel, FLAGS)
+  finally:
+    channel.close()
+  return node_attempts.exit_code(job, decision, signals, FLAGS)
 
 
 def main(argv):

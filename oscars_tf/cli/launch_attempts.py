@@ -16,27 +16,23 @@ from oscars_tf.tools.worker_processes import describe_exit
 
 
 def run(command, env, coordinator, deadline, signals, limits, spaces,
-        flag_values, node=None):
+        flag_values):
   """Starts the job, and again after a failure as --restarts and
-  --lost_peer_restarts allow (`flag_values`: the launcher's flags).
-  `node`: on a node of a job on several nodes, (the global index of its
-  first worker, its workers' TF_CONFIGs) from the rendezvous
-  (multi_node.meet); no restart then (not across nodes yet).
+  --lost_peer_restarts allow (`flag_values`: the launcher's flags). A job
+  on several nodes runs node_attempts.run instead.
 
   Returns (the last attempt's Job, its exit codes, what ended it: the task
   that failed, "timeout", or None when it finished).
   """
   fv = flag_values
   restarts = lost_peer_restarts = 0
-  first_worker, configs = node or (0, None)
-  lost_peer_budget = fv.lost_peer_restarts if node is None else 0
+  lost_peer_budget = fv.lost_peer_restarts
   while True:
     # A new job, on new ports: the old ones may still be in TIME_WAIT.
     attempt = restarts + lost_peer_restarts
     job = Job(command, fv.num_workers, fv.host,
               env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(attempt)),
               num_ps=fv.num_ps, coordinator_command=coordinator,
-              configs=configs, first_worker=first_worker,
               **emulation.job_arguments(
                   fv.num_workers, fv.num_ps, spaces, limits))
     left = (None if deadline is None else
@@ -97,7 +93,6 @@ def exit_code(job, codes, failed, signals, flag_values):
     return 0
   spread = job.exit_spread()
   apart = "" if spread is None else f" (their exits {spread:.2f} s apart)"
-  whose = "" if fv.nnodes == 1 else f" of node {fv.node_rank}"
-  print(f"oscars-launch: all {fv.num_workers} workers{whose} "
+  print(f"oscars-launch: all {fv.num_workers} workers "
         f"finished{apart}.", file=sys.stderr)
   return 0

@@ -20,17 +20,16 @@ from absl import flags
 
 from oscars_tf.tools import job_layout
 from oscars_tf.tools import netns
+from oscars_tf.tools import node_channel
+from oscars_tf.tools import node_decisions
 from oscars_tf.tools import rendezvous
 
 FLAG_NAMES = ("nnodes", "node_rank", "rendezvous", "job_id", "join_timeout")
-# Launcher flags that do not work across nodes yet: (name, why).
+# Launcher flags that do not work across nodes: (name, why).
 _SINGLE_NODE_ONLY = (
     ("num_ps", "ParameterServerStrategy clusters"),
     ("coordinator", "a coordinator task"),
-    ("restarts", "restarts"),
-    ("bandwidth", "EMULATED links"),
-    ("cpu_limit", "EMULATED CPU limits"),
-    ("simulate_step_time", "SIMULATED step times"),
+    ("bandwidth", "EMULATED per-worker links (--network=emulated)"),
 )
 
 
@@ -42,8 +41,12 @@ def define_flags(fv):
       "--rendezvous; each node starts --num_workers workers (which may "
       "differ between nodes), and every worker's TF_CONFIG lists the "
       "workers of all nodes, node 0's first (worker 0, the chief, is on "
-      "node 0). Not yet with restarts, ps tasks, a coordinator task or "
-      "the emulation flags; --network=auto means host.", lower_bound=1,
+      "node 0). One job: a failure on any node stops every node, and node "
+      "0's --restarts and --lost_peer_restarts restart them all together; "
+      "a signal to any node's launcher stops the whole job. --cpu_limit "
+      "lists this node's workers; --simulate_step_time indexes the job's "
+      "(global) workers. Not with ps tasks, a coordinator task or "
+      "--bandwidth; --network=auto means host.", lower_bound=1,
       **fv)
   flags.DEFINE_integer("node_rank", 0, "This node's rank, 0..--nnodes-1 "
                        "(Slurm: $SLURM_NODEID). Node 0 serves the "
@@ -84,10 +87,7 @@ def check_flags(fv):
   for name, what in _SINGLE_NODE_ONLY:
     if fv[name].value:
       raise app.UsageError(f"--{name}: {what} do not work across nodes "
-                           f"yet (--nnodes={fv.nnodes})")
-  if fv["lost_peer_restarts"].present and fv.lost_peer_restarts:
-    raise app.UsageError(f"--lost_peer_restarts: restarts do not work "
-                         f"across nodes yet (--nnodes={fv.nnodes})")
+                           f"(--nnodes={fv.nnodes})")
   if fv.network in ("isolated", "emulated"):
     raise app.UsageError(
         f"--network={fv.network}: the other nodes must reach this node's "
@@ -122,9 +122,11 @@ def job_id(fv, environ=None):
 
 
 def meet(fv, address, stop=None):
-  """The rendezvous of this node (the launcher's flags `fv`): (global index
-  of its first worker, one TF_CONFIG per worker). rendezvous.RendezvousError
-  (one line) when it fails."""
+  """The rendezvous of this node (the launcher's flags `fv`): the job's
+  channel, a node_channel.Hub on node 0 (its --restarts and
+  --lost_peer_restarts decide for the job), a Link elsewhere, its
+  `cluster` the job's. rendezvous.RendezvousError (one line) when it
+  fails."""
   host = fv.host if fv["host"].present else None
   ports = job_layout.free_ports(fv.num_workers, "0.0.0.0")
   mine = rendezvous.hello(job_id(fv), fv.nnodes, fv.node_rank,
@@ -134,12 +136,17 @@ def meet(fv, address, stop=None):
     mine["host"] = host or address[0]
     _say(f"node 0 of {fv.nnodes}: waiting up to {fv.join_timeout:g} s for "
          f"the other nodes at {address[0]}:{address[1]}.")
-    cluster = rendezvous.serve(listener, mine, fv.join_timeout, stop=stop,
-                               say=_say)
+    cluster, conns = rendezvous.serve(listener, mine, fv.join_timeout,
+                                      stop=stop, say=_say, keep=True)
+    channel = node_channel.Hub(
+        conns, cluster, node_decisions.Budgets(fv.restarts,
+                                               fv.lost_peer_restarts), _say)
   else:
-    cluster = rendezvous.join(address, mine, fv.join_timeout, stop=stop)
+    cluster, conn = rendezvous.join(address, mine, fv.join_timeout,
+                                    stop=stop, keep=True)
+    channel = node_channel.Link(conn, cluster, fv.node_rank, _say)
   _say(rendezvous.describe(cluster, fv.node_rank) + ".")
-  return rendezvous.node_configs(cluster, fv.node_rank)
+  return channel
 
 
 def _say(line):

@@ -117,19 +117,22 @@ def network(mode, bandwidth, num_workers, num_ps=0, host_given=False):
     spaces.remove()
 
 
-def job_arguments(num_workers, num_ps, spaces, limits):
+def job_arguments(num_workers, num_ps, spaces, limits, first_worker=0):
   """Job's keyword arguments for the namespaces (`network`'s value) and
   CPU quotas (`cpu_quotas`' value): task addresses, the workers'
   environments, and each process's pre-exec steps (its cgroup first, then
-  its namespace). Quotas apply to worker tasks only."""
+  its namespace). Quotas apply to worker tasks only. `first_worker`: the
+  global index of this node's first worker (a job on several nodes: the
+  flags' lists are this node's workers, the environments keyed globally).
+  """
   tasks = cluster_tasks(num_workers, num_ps)
   if limits:
     limits.rearm()  # a restarted job's workers start unlimited again
-  env = {i: {} for i in range(num_workers)}
+  env = {first_worker + i: {} for i in range(num_workers)}
   for i, rate in spaces.get("bandwidth", {}).items():
-    env[i][BANDWIDTH_ENV] = rate
+    env[first_worker + i][BANDWIDTH_ENV] = rate
   for i, values in (limits.worker_env() if limits else {}).items():
-    env[i].update(values)
+    env[first_worker + i].update(values)
   steps = {}
   for position, (kind, index) in enumerate(tasks):
     steps[position] = compose(

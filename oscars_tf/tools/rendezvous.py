@@ -102,8 +102,11 @@ def build_cluster(hellos):
                   "num_workers": h["num_workers"]})
     workers.extend(f"{h['host']}:{p}" for p in h["ports"])
   ranks = [n["node_rank"] for n in nodes]
-  if ranks != list(range(len(hellos))) or len(job_ids) != 1:
-    raise ValueError(f"need one hello per node rank 0..{len(hellos) - 1} "
+  # A restart leaves out the nodes whose launcher is gone: node 0 (the
+  # chief's) and distinct ranks are what must hold.
+  if (not ranks or ranks[0] != 0 or len(set(ranks)) != len(ranks) or
+      len(job_ids) != 1):
+    raise ValueError(f"need one hello per node rank, node 0's among them, "
                      f"of one job; have ranks {ranks}, job ids {job_ids}")
   if len(set(workers)) != len(workers):
     twice = sorted({w for w in workers if workers.count(w) > 1})
@@ -116,7 +119,7 @@ def node_configs(cluster, node_rank):
   """(global index of the node's first worker, one TF_CONFIG per worker of
   node `node_rank`): every worker of every node in the cluster, each task
   index global."""
-  node = cluster["nodes"][node_rank]
+  node = _node(cluster, node_rank)
   hosts, ports = zip(*(w.rsplit(":", 1) for w in cluster["workers"]))
   configs = tf_configs(len(hosts), ports=[int(p) for p in ports],
                        hosts=list(hosts))
@@ -124,9 +127,13 @@ def node_configs(cluster, node_rank):
   return first, configs[first:first + node["num_workers"]]
 
 
+def _node(cluster, node_rank):
+  return next(n for n in cluster["nodes"] if n["node_rank"] == node_rank)
+
+
 def describe(cluster, node_rank):
   """One line: this node's workers in the cluster."""
-  node = cluster["nodes"][node_rank]
+  node = _node(cluster, node_rank)
   first, k = node["first_worker"], node["num_workers"]
   mine = f"worker {first}" if k == 1 else f"workers {first}-{first + k - 1}"
   chief = " (worker 0 is the chief)" if node_rank == 0 else ""
@@ -212,14 +219,15 @@ def _take_hello(conn, peer, own, joined, stop=None):
   return reason
 
 
-def serve(listener, own, timeout, stop=None, say=None):
+def serve(listener, own, timeout, stop=None, say=None, keep=False):
   """Node 0's side: collects the other nodes' hellos on `listener` (see
   `listen`) for at most `timeout` seconds, sends them all the cluster, and
   returns it. `own`: node 0's hello, its host filled in. `say(line)`: told
   of each node refused (the node is told too). Closes `listener`.
 
   RendezvousError, naming the missing ranks, past `timeout`; Stopped when
-  `stop()`.
+  `stop()`. With `keep`, returns (cluster, {rank: connection}) instead,
+  the connections open (tools/node_channel.py's Hub).
   """
   deadline = time.monotonic() + timeout
   hellos, conns = {0: own}, {}
@@ -257,6 +265,9 @@ def serve(listener, own, timeout, stop=None, say=None):
     if gone:
       raise RendezvousError(f"node(s) {gone} left before the cluster was "
                             "sent to them")
+    if keep:
+      kept, conns = conns, {}
+      return cluster, kept
     return cluster
   finally:
     for conn in conns.values():
@@ -274,13 +285,14 @@ def _send_quietly(conn, message):
     return False
 
 
-def join(address, message, timeout, stop=None):
+def join(address, message, timeout, stop=None, keep=False):
   """A node's side: connects to node 0 at `address` (host, port), retrying
   until it answers, sends hello `message` and returns the cluster node 0
   sends back, all within `timeout` seconds.
 
   RendezvousError (one line) when node 0 refuses this node, closes the
-  connection or does not answer in time; Stopped when `stop()`.
+  connection or does not answer in time; Stopped when `stop()`. With
+  `keep`, returns (cluster, the connection to node 0, still open).
   """
   deadline = time.monotonic() + timeout
   where = f"{address[0]}:{address[1]}"
@@ -298,8 +310,15 @@ def join(address, message, timeout, stop=None):
       last = e.strerror or str(e)
       time.sleep(min(POLL * 2, max(deadline - time.monotonic(), 0)))
       continue
-    with conn:
-      return _exchange(conn, message, deadline, where, timeout, stop)
+    try:
+      cluster = _exchange(conn, message, deadline, where, timeout, stop)
+    except BaseException:
+      conn.close()
+      raise
+    if keep:
+      return cluster, conn
+    conn.close()
+    return cluster
 
 
 def _exchange(conn, message, deadline, where, timeout, stop):
