@@ -56,8 +56,8 @@ def _read_messages(conn, on_message, on_close):
   """Calls on_message(dict) per line of `conn` until it closes (or sends
   junk), then on_close(). Runs on a thread of its own."""
   data = b""
-  conn.settimeout(None)
-  try:
+  try:  # a connection closed before this thread ran: EBADF, an end too
+    conn.settimeout(None)
     while True:
       chunk = conn.recv(65536)
       if not chunk:
