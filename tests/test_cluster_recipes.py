@@ -4,7 +4,11 @@ TF_CONFIG as the Kubeflow training operator sets it and the Slurm variables
 as srun sets them, resolved by oscars_tf.cluster and by TensorFlow's cluster
 resolvers; and the committed recipe files, checked against each other. No
 server is started: multi-worker clusters are only resolved, and the strategy
-itself is built for one-worker clusters (which start none).
+itself is built for one-worker clusters (which start none). The
+one-command-per-node recipes (oscars-launch --nnodes) are checked against
+the launcher's own flags: the batch script runs under a fake srun that
+starts a fake oscars-launch, and the Job's command is expanded per index as
+Kubernetes does.
 """
 
 import json
@@ -14,13 +18,17 @@ import re
 import subprocess
 import sys
 
+from absl import flags
 import pytest
 import tensorflow as tf
 
 import oscars_tf
 from oscars_tf import cluster
+from oscars_tf.cli import launch
+from oscars_tf.cli import multi_node
 from oscars_tf.errors import ClusterConfigError
 from oscars_tf.runtime import server
+from oscars_tf.tools import job_layout
 
 RECIPES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "cluster"
 RESOLVER_KINDS = ("tf_config", "slurm")  # examples/train.py --cluster_resolver
@@ -266,8 +274,12 @@ def test_recipes_name_each_other_and_the_resolver_kinds():
   sbatch = texts["slurm_train.sbatch"]
   assert re.search(r"^srun .*\\\n\s+python examples/train.py", sbatch, re.M)
   for name in ("tf_config_host0.json", "tf_config_host1.json",
-               "slurm_train.sbatch", "slurm_tf_config.py", "tfjob.yaml"):
+               "slurm_train.sbatch", "slurm_tf_config.py", "tfjob.yaml",
+               "slurm_launch.sbatch", "k8s_indexed_job.yaml"):
     assert name in texts["README.md"]
+  # oscars-launch gives its workers TF_CONFIG.
+  assert used["slurm_launch.sbatch"] == {"tf_config"}
+  assert used["k8s_indexed_job.yaml"] == {"tf_config"}
 
 
 def _train_py_commands():
@@ -280,12 +292,18 @@ def _train_py_commands():
           if "examples/train.py" in c]
 
 
-def test_recipes_pass_only_flags_train_py_defines():
+def train_py_flags():
+  """The names of the flags examples/train.py defines."""
   root = RECIPES.parents[1]
   defined = set()
   for path in ("examples/train.py", "oscars_tf/cli/flags.py"):
     defined |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"",
                               (root / path).read_text()))
+  return defined
+
+
+def test_recipes_pass_only_flags_train_py_defines():
+  defined = train_py_flags()
   commands = _train_py_commands()
   assert len(commands) >= 5  # 2 hosts, sbatch, its fallback, the TFJob
   for command in commands:
@@ -466,3 +484,342 @@ def test_strategy_takes_the_recipe_resolvers(monkeypatch, no_tools,
   assert strategy.cluster.address == {
       "slurm": "node01:23456",
       "tf_config": "solo-worker-0.default.svc:2222"}[kind]
+
+
+# --- One command per node: oscars-launch --nnodes ---------------------------
+
+SLURM_LAUNCH = RECIPES / "slurm_launch.sbatch"
+INDEXED_JOB = RECIPES / "k8s_indexed_job.yaml"
+RENDEZVOUS_PORT = 29400  # the recipes' and the README's
+
+
+def _yaml_scalar(text):
+  """A scalar as YAML reads those these manifests hold."""
+  if text[:1] in ("'", '"'):
+    return text[1:-1]  # no escapes in these files
+  if re.fullmatch(r"-?\d+", text):
+    return int(text)
+  return {"true": True, "false": False, "null": None}.get(text, text)
+
+
+_YAML_KEY = re.compile(r"([\w./-]+):(?: +(.*))?")
+
+
+def _is_item(line):
+  return line == "-" or line.startswith("- ")
+
+
+def _yaml_block(lines, i):
+  """(value of the block of lines (indent, text) from i, index after it)."""
+  indent = lines[i][0]
+  if _is_item(lines[i][1]):
+    items = []
+    while i < len(lines) and lines[i][0] == indent and _is_item(lines[i][1]):
+      rest = lines[i][1][1:].lstrip(" ")
+      if not rest:
+        value, i = _yaml_block(lines, i + 1)
+      elif _YAML_KEY.fullmatch(rest):
+        # "- key: ...": a mapping whose keys line up with this one.
+        lines[i] = (indent + len(lines[i][1]) - len(rest), rest)
+        value, i = _yaml_block(lines, i)
+      else:
+        value, i = _yaml_scalar(rest), i + 1
+      items.append(value)
+    return items, i
+  mapping = {}
+  while (i < len(lines) and lines[i][0] == indent and
+         not _is_item(lines[i][1])):
+    match = _YAML_KEY.fullmatch(lines[i][1])
+    if not match:
+      raise ValueError(f"not a key: {lines[i][1]!r}")
+    key, value = match.groups()
+    i += 1
+    if value:
+      mapping[key] = _yaml_scalar(value)
+    elif i < len(lines) and (lines[i][0] > indent or (
+        lines[i][0] == indent and _is_item(lines[i][1]))):
+      mapping[key], i = _yaml_block(lines, i)
+    else:
+      mapping[key] = None
+  return mapping, i
+
+
+def read_block_yaml(text):
+  """The documents of `text` without PyYAML (not a dependency): the block
+  mappings, sequences and plain or quoted scalars these manifests use."""
+  docs = []
+  for doc in re.split(r"(?m)^---\n", _strip_comments(text)):
+    lines = [(len(line) - len(line.lstrip(" ")), line.strip())
+             for line in doc.splitlines() if line.strip()]
+    if lines:
+      value, end = _yaml_block(lines, 0)
+      if end != len(lines):
+        raise ValueError(f"unread: {lines[end][1]!r}")
+      docs.append(value)
+  return docs
+
+
+@pytest.mark.parametrize("name", ["tfjob.yaml", "k8s_indexed_job.yaml"])
+def test_text_reading_of_the_manifests_matches_yaml(name):
+  yaml = pytest.importorskip("yaml")
+  text = (RECIPES / name).read_text()
+  assert read_block_yaml(text) == list(yaml.safe_load_all(text))
+
+
+def indexed_job_manifest():
+  """{kind: object} of k8s_indexed_job.yaml."""
+  text = INDEXED_JOB.read_text()
+  try:
+    import yaml  # pylint: disable=g-import-not-at-top
+    docs = list(yaml.safe_load_all(text))
+  except ImportError:
+    docs = read_block_yaml(text)
+  objects = {doc["kind"]: doc for doc in docs}
+  assert sorted(objects) == ["Job", "NetworkPolicy", "Service"]
+  assert len(docs) == len(objects)
+  return objects
+
+
+def launcher_flag_names():
+  fv = flags.FlagValues()
+  launch.define_flags(fv)
+  return set(fv)
+
+
+def parse_launch(argv):
+  """(the launcher's flags, parsed, and the worker command) of the command
+  line argv: oscars-launch FLAGS -- COMMAND."""
+  assert os.path.basename(argv[0]) == "oscars-launch"
+  split = argv.index("--")
+  names = {re.match(r"--(\w+)", arg).group(1) for arg in argv[1:split]}
+  assert names <= launcher_flag_names(), names - launcher_flag_names()
+  fv = flags.FlagValues()
+  launch.define_flags(fv)
+  assert fv(argv[:split]) == argv[:1]
+  return fv, argv[split + 1:]
+
+
+def assert_trains_with_train_py(command):
+  assert command[:2] == ["python", "examples/train.py"]
+  used = {re.fullmatch(r"--(\w+)=.+", arg).group(1) for arg in command[2:]}
+  assert {"strategy", "cluster_resolver", "logdir", "checkpoint_dir",
+          "result_json"} <= used <= train_py_flags(), used - train_py_flags()
+  assert "--strategy=oscars" in command
+  assert "--cluster_resolver=tf_config" in command  # what the launcher sets
+
+
+def assert_launcher_accepts(fv):
+  """multi_node.check_flags passes the node flags in `fv`, with loopback
+  for the addresses (the recipes' names resolve only in their clusters)."""
+  host, _, port = fv.rendezvous.rpartition(":")
+  assert host and int(port) == RENDEZVOUS_PORT
+  fv.rendezvous = f"127.0.0.1:{port}"
+  if fv["host"].present:
+    fv.host = "127.0.0.1"
+  assert multi_node.check_flags(fv) == ("127.0.0.1", RENDEZVOUS_PORT)
+
+
+def test_one_command_per_node_recipes_pass_only_launcher_flags():
+  readme = (RECIPES / "README.md").read_text()
+  texts = re.findall(r"```sh\n(.*?)```", readme, re.S)
+  texts.append(re.sub(r"(?m)^\s*#.*$", "", SLURM_LAUNCH.read_text()))
+  (container,) = indexed_job_manifest()["Job"]["spec"]["template"]["spec"][
+      "containers"]
+  texts.append(" ".join(container["command"]))
+  launches = [m.group(1) for text in texts
+              for m in re.finditer(r"oscars-launch[\s\\]+(--.*?)\s--\s", text,
+                                      re.S)]
+  assert len(launches) >= 3  # the README's, the batch script's, the Job's
+  for flags_text in launches:
+    used = set(re.findall(r"(?:^|\s)--(\w+)", flags_text))
+    assert {"nnodes", "node_rank", "rendezvous"} <= used
+    assert used <= launcher_flag_names(), (used - launcher_flag_names(),
+                                           flags_text)
+
+
+# The Kubernetes indexed Job.
+
+
+def expand_k8s(arg, values):
+  """arg with Kubernetes' $(NAME) references replaced from values."""
+  return re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], arg)
+
+
+def indexed_job_launches():
+  """(index, the launcher's flags, the worker command) of each pod."""
+  spec = indexed_job_manifest()["Job"]["spec"]
+  (container,) = spec["template"]["spec"]["containers"]
+  env = {var["name"]: var for var in container.get("env", [])}
+  # The Job controller sets JOB_COMPLETION_INDEX; the rest is the pod's.
+  referenced = set(re.findall(r"\$\((\w+)\)", " ".join(container["command"])))
+  assert referenced <= set(env) | {"JOB_COMPLETION_INDEX"}
+  launches = []
+  for index in range(spec["completions"]):
+    values = {"JOB_COMPLETION_INDEX": str(index),
+              "POD_IP": f"10.8.{index}.17"}
+    argv = [expand_k8s(arg, values) for arg in container["command"]]
+    launches.append((index, *parse_launch(argv)))
+  return launches
+
+
+def test_indexed_job_runs_one_launcher_per_index():
+  spec = indexed_job_manifest()["Job"]["spec"]
+  assert spec["completionMode"] == "Indexed"
+  # All nodes at once, one pod each: the rendezvous waits for all of them.
+  nodes = spec["completions"]
+  assert nodes == spec["parallelism"] >= 2
+  # A pod restarted alone cannot rejoin: the first failure fails the job.
+  assert spec["backoffLimit"] == 0
+  assert spec["template"]["spec"]["restartPolicy"] == "Never"
+  (container,) = spec["template"]["spec"]["containers"]
+  assert "--node_rank=$(JOB_COMPLETION_INDEX)" in container["command"]
+  pod_ip = {var["name"]: var for var in container["env"]}["POD_IP"]
+  assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+  launches = indexed_job_launches()
+  assert [index for index, _, _ in launches] == list(range(nodes))
+  assert len({fv.rendezvous for _, fv, _ in launches}) == 1
+  for index, fv, command in launches:
+    assert (fv.nnodes, fv.node_rank) == (nodes, index)
+    assert fv.host == f"10.8.{index}.17" and fv["host"].present
+    assert fv.network == "host" and fv.num_workers >= 1
+    assert_trains_with_train_py(command)
+    assert all(arg.startswith("--") and arg.count("=") == 1
+               for arg in command[2:])
+    assert_launcher_accepts(fv)
+
+
+def test_indexed_job_rendezvous_names_pod_0_through_its_headless_service():
+  objects = indexed_job_manifest()
+  service, job = objects["Service"], objects["Job"]
+  template = job["spec"]["template"]
+  (_, fv, _), *_ = indexed_job_launches()
+  host, _, port = fv.rendezvous.rpartition(":")
+  # An indexed Job's pod i has the host name <job>-<i>; with `subdomain`,
+  # the headless Service's DNS names it <job>-<i>.<subdomain>.
+  assert host == f"{job['metadata']['name']}-0.{template['spec']['subdomain']}"
+  assert template["spec"]["subdomain"] == service["metadata"]["name"]
+  namespaces = {obj["metadata"].get("namespace") for obj in objects.values()}
+  assert len(namespaces) == 1
+  assert service["spec"]["clusterIP"] == "None"  # headless
+  assert service["spec"]["publishNotReadyAddresses"] is True
+  selector = service["spec"]["selector"]
+  assert selector and selector.items() <= template["metadata"]["labels"].items()
+  assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+  # The launcher resolves --rendezvous once: the pods first wait for it.
+  (init,) = template["spec"]["initContainers"]
+  assert init["image"] == template["spec"]["containers"][0]["image"]
+  assert f"getent hosts {host};" in " ".join(init["command"])
+  assert all(isinstance(arg, str) for arg in init["command"])
+
+
+def test_indexed_job_network_policy_admits_only_the_jobs_pods_on_its_ports(
+    monkeypatch):
+  objects = indexed_job_manifest()
+  policy, labels = objects["NetworkPolicy"], objects["Job"]["spec"][
+      "template"]["metadata"]["labels"]
+  selector = policy["spec"]["podSelector"]["matchLabels"]
+  assert selector and selector.items() <= labels.items()
+  assert policy["spec"]["policyTypes"] == ["Ingress"]
+  (rule,) = policy["spec"]["ingress"]
+  assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
+  assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+  ranges = [(p["port"], p.get("endPort", p["port"])) for p in rule["ports"]]
+
+  def admitted(port):
+    return any(low <= port <= high for low, high in ranges)
+
+  assert admitted(RENDEZVOUS_PORT)
+  # The workers' ports: each launcher draws free ones below the kernel's
+  # ephemeral range (job_layout.free_ports), 10000-32767 by default.
+  assert ranges[-1] == (10000, 32767)
+  monkeypatch.setattr(job_layout, "_ephemeral_range", lambda: (32768, 60999))
+  assert all(admitted(port) for port in job_layout.free_ports(32))
+
+
+# The Slurm batch script.
+
+
+def test_slurm_batch_scripts_parse():
+  for path in (SLURM_LAUNCH, RECIPES / "slurm_train.sbatch"):
+    run = subprocess.run(["bash", "-n", str(path)], capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert run.returncode == 0, run.stderr
+
+
+SLURM_NODES = ("node9", "node10", "node11")  # Slurm's order, node 0 first
+
+
+def _fake_tool(path, text):
+  path.write_text(text)
+  path.chmod(0o755)
+
+
+def run_slurm_launch(tmp_path, monkeypatch, workers_per_node=None):
+  """Runs slurm_launch.sbatch as sbatch would on node 0 of SLURM_NODES, with
+  an srun that runs its command once per node, as that node's task, and an
+  oscars-launch that records its arguments. The records, one per task."""
+  bin_dir, records = tmp_path / "bin", tmp_path / "launches.jsonl"
+  bin_dir.mkdir()
+  nodelist = "node[9-11]"
+  _fake_tool(bin_dir / "scontrol", (
+      f'#!/bin/sh\n[ "$*" = "show hostnames {nodelist}" ] || exit 1\n'
+      f"printf '%s\\n' {' '.join(SLURM_NODES)}\n"))
+  # srun: skips its options, then runs the command once per node with the
+  # variables of that node's task of the step.
+  _fake_tool(bin_dir / "srun", (
+      '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do\n'
+      f'  echo "$1" >> "{tmp_path}/srun_options"; shift\ndone\ni=0\n'
+      f"for node in {' '.join(SLURM_NODES)}; do\n"
+      f"  SLURM_NODEID=$i SLURM_PROCID=$i SLURM_NNODES={len(SLURM_NODES)} "
+      'SLURMD_NODENAME=$node "$@" || exit\n'
+      "  i=$((i + 1))\ndone\n"))
+  _fake_tool(bin_dir / "oscars-launch", (
+      f"#!{sys.executable}\nimport json, os, sys\n"
+      f"with open({str(records)!r}, 'a') as f:\n"
+      "  f.write(json.dumps({'argv': sys.argv, 'env': {k: v for k, v in "
+      "os.environ.items() if k.startswith('SLURM')}}) + '\\n')\n"))
+  submit = tmp_path / "submit"
+  submit.mkdir()
+  env = {
+      # The batch script's own environment, on node 0 of the job.
+      "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": nodelist,
+      "SLURM_NNODES": str(len(SLURM_NODES)), "SLURM_NODEID": "0",
+      "SLURM_SUBMIT_DIR": str(submit),
+  }
+  if workers_per_node is not None:
+    env["OSCARS_WORKERS_PER_NODE"] = workers_per_node
+  for name in ("RUN_DIR", "OSCARS_WORKERS_PER_NODE", "OSCARS_RENDEZVOUS",
+               "OSCARS_RENDEZVOUS_PORT"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  run = subprocess.run(["bash", str(SLURM_LAUNCH)], capture_output=True,
+                       text=True, timeout=60, check=False,
+                       env={**os.environ, **env}, cwd=tmp_path)
+  assert run.returncode == 0, run.stderr
+  options = (tmp_path / "srun_options").read_text().split()
+  assert "--ntasks-per-node=1" in options
+  return [json.loads(line) for line in records.read_text().splitlines()], (
+      submit / "runs" / "4242")
+
+
+@pytest.mark.parametrize("workers_per_node, expected", [(None, 1), ("4", 4)])
+def test_slurm_launch_runs_one_launcher_per_node_with_its_own_rank(
+    tmp_path, monkeypatch, workers_per_node, expected):
+  records, run_dir = run_slurm_launch(tmp_path, monkeypatch, workers_per_node)
+  assert len(records) == len(SLURM_NODES)
+  for rank, record in enumerate(records):
+    fv, command = parse_launch(record["argv"])
+    # From SLURM_NNODES and SLURM_NODEID as each task sees them (the batch
+    # script's own SLURM_NODEID is 0).
+    assert (fv.nnodes, fv.node_rank) == (len(SLURM_NODES), rank)
+    assert fv.rendezvous == f"{SLURM_NODES[0]}:{RENDEZVOUS_PORT}"
+    assert fv.num_workers == expected and fv.network == "host"
+    assert multi_node.job_id(fv, record["env"]) == "4242"  # $SLURM_JOB_ID
+    assert_trains_with_train_py(command)
+    for name in ("logdir", "checkpoint_dir", "result_json"):
+      (path,) = [arg.split("=", 1)[1] for arg in command
+                 if arg.startswith(f"--{name}=")]
+      assert pathlib.Path(path).parent == run_dir or (
+          pathlib.Path(path).parent.parent == run_dir)
+    assert_launcher_accepts(fv)
+  assert run_dir.is_dir()  # made by the script, on the shared FS
