@@ -70,9 +70,16 @@ def test_an_error_restarts_within_restarts_then_ends_with_1():
   assert d.why.endswith("; stopped every node's workers.")
 
 
-def test_no_restart_without_a_gone_node_signal_and_timeout_codes():
+def test_a_gone_node_is_a_lost_peer_then_signal_and_timeout_codes():
+  # Node 1's launcher died with its workers inside a collective: node 0's
+  # chief exits 75 and sees no death; the gone node is the lost peer.
   reports = {0: _report(nd.FAILED, {0: PEER_LOST_EXIT_CODE}, cause="c")}
-  d = nd.decide(reports, {1}, _budgets(restarts=2))
+  budgets = _budgets(restarts=2, lost_peer=1)
+  d = nd.decide(reports, {1}, budgets)
+  assert (d.restart, d.lost_peer) == (True, True)
+  assert "restarting every node's workers but node(s) [1] (launcher " \
+         "gone) from the newest saved state" in d.why
+  d = nd.decide(reports, {1}, budgets)
   assert (d.restart, d.code) == (False, 1)
   assert "no restart: node(s) [1] left the job" in d.why
   d = nd.decide({0: _report(nd.STOPPED)}, {1}, _budgets(),

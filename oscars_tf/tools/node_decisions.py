@@ -19,7 +19,9 @@ the workers of all nodes together:
   * any other failure: restarted within --restarts, else exit 1.
 
 A restart starts all live nodes again; a node whose launcher is gone is
-left out of it (its workers died with it). Imports no TensorFlow.
+left out of it (its workers died with it): a failure after such a loss is
+taken as a lost peer (within --lost_peer_restarts), and the job resumes
+on fewer workers, as after a drop. Imports no TensorFlow.
 """
 
 import dataclasses
@@ -100,14 +102,16 @@ def decide(reports, gone, budgets, signal_from=None, total=None):
     return Decision(False, 124, "the job ran past node 0's --timeout; "
                     "stopped every node's workers.")
   cause = _cause(reports)
+  # A gone node's workers died with its launcher: a lost peer if inside a
+  # collective, and the job goes on without them, as after a drop.
+  if (lost_a_peer(reports) or gone) and budgets.lost_peer_restarts > 0:
+    budgets.lost_peer_restarts -= 1
+    return Decision(True, 0, f"{cause}: a lost peer; restarting every "
+                    f"node's workers{_without(gone)} from the newest saved "
+                    "state.", lost_peer=True)
   if gone:
     return Decision(False, 1, f"{cause}; no restart: node(s) "
                     f"{sorted(gone)} left the job (launcher gone).")
-  if lost_a_peer(reports) and budgets.lost_peer_restarts > 0:
-    budgets.lost_peer_restarts -= 1
-    return Decision(True, 0, f"{cause}: a lost peer; restarting every "
-                    "node's workers from the newest saved state.",
-                    lost_peer=True)
   if budgets.restarts > 0:
     budgets.restarts -= 1
     return Decision(True, 0, f"{cause}; restarting every node's workers.")
