@@ -58,18 +58,22 @@ def local_replicas(strategy):
 
 def train(strategy, model, optimizer, x, y, batch_size, epochs,
           initial_epoch=0, simulate=None, on_epoch_end=None, seed=0,
-          on_first_step=None):
+          on_first_step=None, dataset=None, steps_per_epoch=None):
   """Trains `model` for `epochs` epochs.
 
   Args:
     strategy: any tf.distribute strategy; `model` and `optimizer` were built
       in its scope.
     x, y: the full training arrays (each worker draws its own stream).
+      Unused with a `dataset`.
     batch_size: per-worker batch size.
     simulate: optional (worker, step) -> seconds, a SIMULATED delay per step
       for TF's own strategies (OscarsStrategy simulates by itself).
     on_epoch_end: optional callable(epoch, loss).
     on_first_step: optional callable(), after the first step (which traces).
+    dataset: optional, instead of x and y: an endless, shuffled tf.data of
+      (x, y) batches of `batch_size`, the same on every worker (each reads
+      its own shard of it), with `steps_per_epoch` steps per worker.
 
   Returns:
     (per-epoch mean losses, stats): stats has `steps` and `simulated_s`.
@@ -82,6 +86,9 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
   oscars = _is_oscars(strategy)
 
   def dataset_fn(ctx):
+    if dataset is not None:
+      ds = dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+      return ds if replicas == 1 else ds.rebatch(batch_size // replicas)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if not (oscars and strategy.extended.epochs.plans()):
       ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
@@ -96,8 +103,11 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
   def train_step(it):
     def step(xb, yb):
       with tf.GradientTape() as tape:
-        loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb,
-                                                            training=True)))
+        per_sample = loss_fn(yb, model(xb, training=True))
+        if per_sample.shape.rank > 1:  # a sequence's: its mean, as in fit
+          per_sample = tf.reduce_mean(
+              per_sample, axis=list(range(1, per_sample.shape.rank)))
+        loss = tf.nn.compute_average_loss(per_sample)
       grads = tape.gradient(loss, model.trainable_variables)
       optimizer.apply_gradients(zip(grads, model.trainable_variables))
       return loss
@@ -106,7 +116,8 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
         strategy.run(step, args=next(it)))
     return tf.add_n(local) * strategy.num_replicas_in_sync / len(local)
 
-  cluster_steps = math.ceil(len(x) / batch_size)
+  cluster_steps = (steps_per_epoch * num_workers if dataset is not None
+                   else math.ceil(len(x) / batch_size))
   losses, step = [], 0
   stats = {"simulated_s": 0.0, "steps": 0}
   with _peer_errors(strategy):
@@ -157,7 +168,10 @@ def local_step_timer(model, x, y, batch, repeats=20):
   def grads():
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(loss_fn(yb, model(xb, training=True)))
-    return tape.gradient(loss, model.trainable_variables)
+    # An embedding's gradient comes sparse (IndexedSlices): made dense, as
+    # an averaging would.
+    return [tf.convert_to_tensor(g) for g in
+            tape.gradient(loss, model.trainable_variables)]
 
   grads()  # traces (before any --cpu_limit_from=ready quota applies)
 

@@ -3,6 +3,9 @@
     oscars-launch --num_workers 2 -- python examples/train.py \
         --dataset=digits --model=cnn --epochs=10
 
+--dataset=stdlib_text (Python's standard library as bytes, in tf.data) goes
+with --model=transformer_lm, in validation bits per byte (examples/text_lm.py).
+
 Strategy flags (--strategy, --period, --period_rule, ...) come from
 `oscars_tf.cli.flags`; run with --helpfull to list them. The batch size is per
 worker. With --checkpoint_dir, the chief saves the averaged model, the
@@ -40,11 +43,14 @@ from oscars_tf import checkpoint  # noqa: E402
 from oscars_tf import data  # noqa: E402
 from oscars_tf.cli import flags as oscars_flags  # noqa: E402
 from oscars_tf.tools import cpu_limits  # noqa: E402
+import text_lm  # noqa: E402
 
-flags.DEFINE_enum("dataset", "digits", list(data.NAMES),
-                  f"Data set; offline: {', '.join(data.OFFLINE)}; the others "
-                  "download through keras.datasets on first use.")
-flags.DEFINE_enum("model", "mlp", list(models.MODELS), "Model to train.")
+flags.DEFINE_enum("dataset", "digits", list(data.NAMES + data.TEXT),
+                  f"Data set; offline: {', '.join(data.OFFLINE + data.TEXT)} "
+                  "(stdlib_text: text, for --model=transformer_lm); the "
+                  "others download through keras.datasets on first use.")
+flags.DEFINE_enum("model", "mlp", list(models.MODELS), "Model to train "
+                  "(transformer_lm: for --dataset=stdlib_text).")
 flags.DEFINE_integer("epochs", 5, "Training epochs (a data set's worth of "
                      "steps over the cluster each).", lower_bound=1)
 flags.DEFINE_integer("batch_size", 32, "Per-worker batch size.", lower_bound=1)
@@ -95,6 +101,16 @@ def _simulation_supported(values):
           values["loop"] == "custom" or
           (values["strategy"] == "multi_worker_mirrored" and
            values["loop"] == "auto"))
+
+
+@flags.multi_flags_validator(
+    ["dataset", "model", "strategy"],
+    message="--dataset=stdlib_text goes with --model=transformer_lm, and "
+    "that model with it alone (not with --strategy=parameter_server)")
+def _text_pairs(values):
+  text = values["dataset"] in data.TEXT
+  return text == (values["model"] in models.TEXT_MODELS) and not (
+      text and values["strategy"] == "parameter_server")
 
 
 @flags.multi_flags_validator(
@@ -185,15 +201,18 @@ def main(argv):
 
   import loops  # pylint: disable=g-import-not-at-top
 
+  worker, num_workers = ((0, ps_loop.num_workers(strategy)) if ps else
+                         loops.worker_of(strategy))
   try:
     kwargs = {"num_samples": FLAGS.num_samples} if (
         FLAGS.dataset == "synthetic") else {}
-    (x, y), (x_test, y_test) = data.load(FLAGS.dataset, seed=FLAGS.seed,
-                                         **kwargs)
+    # A text data set (text_lm.Text): x, y are one batch, to time a step.
+    text, (x, y), (x_test, y_test) = text_lm.load(
+        FLAGS.dataset, FLAGS.batch_size, FLAGS.seed, num_workers, **kwargs)
   except (data.DatasetUnavailableError, ImportError) as e:
     sys.exit(f"train.py: --dataset={FLAGS.dataset}: {e}")
-  worker, num_workers = ((0, ps_loop.num_workers(strategy)) if ps else
-                         loops.worker_of(strategy))
+  evaluate = text.evaluate if text else (
+      lambda m: loops.evaluate(m, x_test, y_test))
   is_chief = worker == 0
   who = "chief" if ps else f"worker {worker}/{num_workers}"
   keras.utils.set_random_seed(FLAGS.seed)
@@ -202,12 +221,14 @@ def main(argv):
     tf.config.experimental.enable_op_determinism()
   with strategy.scope():
     try:
-      model = models.build(FLAGS.model, x.shape[1:], int(y.max()) + 1)
+      model = models.build(FLAGS.model, x.shape[1:], text_lm.NUM_CLASSES
+                           if text else int(y.max()) + 1)
     except ValueError as e:
       sys.exit(f"train.py: {e}")
     model.compile(optimizer=_optimizer(keras),
                   loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True), metrics=["accuracy"],
+                      from_logits=True), metrics=["accuracy"] + (
+                          [models.bits_per_byte] if text else []),
                   steps_per_execution=FLAGS.steps_per_execution)
   resumed_from = checkpoint.newest(FLAGS.checkpoint_dir)
   initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
@@ -249,13 +270,14 @@ def main(argv):
     accuracy = None
     if is_chief:
       t0 = time.monotonic()
-      test_loss, accuracy = loops.evaluate(model, x_test, y_test)
+      test_loss, accuracy = evaluate(model)
       clock["eval_s"] += time.monotonic() - t0
     clock["end"] = train_time()  # what follows the last epoch is not training
     if is_chief:
       curve.append({"epoch": epoch + 1, "train_time_s": clock["end"],
                     "loss": float(loss), "test_accuracy": accuracy,
-                    "test_loss": test_loss})
+                    "test_loss": test_loss,
+                    **(text.curve(test_loss) if text else {})})
       if FLAGS.checkpoint_dir:
         checkpoint.save(model, FLAGS.checkpoint_dir, epoch + 1, strategy)
     if not is_chief or _uses_custom_loop():
@@ -300,7 +322,8 @@ def main(argv):
     _, loop_stats = loops.train(
         strategy, model, model.optimizer, x, y, FLAGS.batch_size,
         FLAGS.epochs, initial_epoch=initial_epoch, simulate=simulate,
-        on_epoch_end=after_epoch, seed=FLAGS.seed, on_first_step=start_clock)
+        on_epoch_end=after_epoch, seed=FLAGS.seed, on_first_step=start_clock,
+        **(text.loop_kwargs() if text else {}))
   else:
     callbacks = [keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: start_clock(),
@@ -313,18 +336,22 @@ def main(argv):
       for epoch in range(initial_epoch, FLAGS.epochs):
         order = np.random.default_rng((FLAGS.seed, epoch)).permutation(
             len(x))
-        model.fit(x[order], y[order], batch_size=FLAGS.batch_size,
-                  epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
+        inputs = text.fit_kwargs(epoch) if text else dict(
+            x=x[order], y=y[order], batch_size=FLAGS.batch_size,
+            shuffle=False)
+        model.fit(**inputs, epochs=epoch + 1, initial_epoch=epoch,
                   callbacks=callbacks, verbose=1 if is_chief else 0)
     else:
-      model.fit(x, y, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+      inputs = text.fit_kwargs() if text else dict(
+          x=x, y=y, batch_size=FLAGS.batch_size)
+      model.fit(**inputs, epochs=FLAGS.epochs,
                 initial_epoch=initial_epoch, callbacks=callbacks,
                 verbose=1 if is_chief else 0)
   returned_at = time.time()  # how far apart workers end: a job's tail
   wall = clock.get("end", train_time())
   # Timed after training, under the CPU quota that training ran under.
   real_step_s = local_step_seconds()
-  test_loss, accuracy = loops.evaluate(model, x_test, y_test)
+  test_loss, accuracy = evaluate(model)
   if ps:  # the optimizer's iterations race: the steps scheduled instead
     steps = loop_stats["total_steps"]
     rows = ps_loop.per_worker_rows(loop_stats, model, wall, real_step_s)
@@ -378,7 +405,8 @@ def main(argv):
                                       "wait_s", "comm_s", "members")}
                    for r in getattr(strategy, "round_history", [])],
         "per_worker": [dict(zip(row, map(float, values))) for values in
-                       np.reshape(per_worker, (num_workers, -1))]}
+                       np.reshape(per_worker, (num_workers, -1))],
+        **(text.result(test_loss) if text else {})}
     with open(FLAGS.result_json, "w") as f:
       json.dump(result, f, indent=1)
     logging.info("wrote %s", FLAGS.result_json)

@@ -41,6 +41,11 @@ def _train(*flags, timeout=120):
     ("--period_rule=fast", ["--period_rule", "cost", "adacomm"]),
     ("--max_train_seconds=5", ["--max_train_seconds", "parameter_server"]),
     ("--max_overhead=1.5", ["--max_overhead"]),
+    ("--model=transformer_lm", ["--dataset=stdlib_text",
+                                "--model=transformer_lm"]),
+    ("--dataset=stdlib_text", ["--dataset=stdlib_text",
+                               "--model=transformer_lm"]),
+    ("--seq_len=0", ["--seq_len"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(flag, timeout=60)
@@ -89,6 +94,28 @@ def test_offline_data_sets_have_their_shapes_and_are_deterministic():
   assert s.shape == (800, 32) and np.array_equal(s, s2)
   with pytest.raises(ValueError, match="choose one of"):
     data.load("nope")
+
+
+def test_a_transformer_on_stdlib_text_learns_in_bits_per_byte(tmp_path):
+  # One worker under the default strategy (oscars), a few steps of the
+  # tf.data pipeline per epoch: fewer bits per byte than guessing (8).
+  result = tmp_path / "text.json"
+  proc = _train("--dataset=stdlib_text", "--model=transformer_lm",
+                "--epochs=2", "--steps_per_epoch=25", "--batch_size=16",
+                "--seq_len=32", "--eval_windows=256", "--optimizer=adam",
+                "--learning_rate=0.003", f"--result_json={result}",
+                f"--checkpoint_dir={tmp_path / 'ckpt'}", timeout=180)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(result.read_text())
+  assert (r["dataset"], r["model"], r["seq_len"]) == (
+      "stdlib_text", "transformer_lm", 32)
+  assert r["optimizer_step"] == 50 and r["steps_per_epoch"] == 25
+  bits = [c["val_bits_per_byte"] for c in r["curve"]]
+  assert len(bits) == 2 and bits[-1] == r["val_bits_per_byte"]
+  assert np.isfinite(r["val_bits_per_byte"]) and r["val_bits_per_byte"] < 7
+  assert r["val_bits_per_byte"] == pytest.approx(r["test_loss"] / np.log(2))
+  assert r["train_windows"] > r["validation_windows"] > 0
+  assert (tmp_path / "ckpt" / "last.json").exists()
 
 
 def test_strategy_flags_build_the_schedules_they_name():
