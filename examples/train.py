@@ -392,6 +392,9 @@ def main(argv):
         # The chief's view of each round's plan: steps per worker.
         "round_plans": [r["planned_all"] for r in
                         getattr(strategy, "round_history", [])],
+        # Each round's groups (worker indices): by host, by speed, or all.
+        "round_groups": [r.get("groups") for r in
+                         getattr(strategy, "round_history", [])],
         # Workers dropped (dead, stalled, cut off) or back, by round.
         "membership": [{k: r[k] for k in ("round", "arrived_at", "wait_s",
                                           "members", "dropped", "rejoined")}

@@ -65,7 +65,8 @@ def run(command, env, deadline, signals, limits, channel, flag_values):
     if not decision.restart:
       return job, decision
     kind = "lost-peer restart" if decision.lost_peer else "restart"
-    _say(f"node 0: {decision.why} (attempt {channel.attempt}, a {kind}).")
+    _say(f"{_whose(fv)}{decision.why} (attempt {channel.attempt}, a "
+         f"{kind}).")
 
 
 def exit_code(job, decision, signals, flag_values):
@@ -83,8 +84,13 @@ def exit_code(job, decision, signals, flag_values):
   if decision.code == 0:
     _say(f"all {fv.num_workers} workers of node {fv.node_rank} "
          f"finished{apart}.")
-  _say(f"node 0: {decision.why}")
+  _say(f"{_whose(fv)}{decision.why}")
   return decision.code
+
+
+def _whose(fv):
+  """Node 0 decides for the job; the others say it is its word."""
+  return "" if fv.node_rank == 0 else "node 0 says: "
 
 
 def _say(line):
