@@ -164,3 +164,43 @@ def test_sigterm_to_a_node_launcher_stops_every_node(nodes, tmp_path):
       in job.log(0)
   assert "got SIGTERM; forwarded it to this node's workers" in job.log(1)
   assert faults.epoch_of(job.ckpt) < 40
+
+
+def test_a_worker_killed_on_another_node_is_dropped_or_restarted(
+    nodes, tmp_path):
+  job = _Job(nodes, tmp_path, [1, 2],
+             ["--epochs=8", "--simulate_step_time=50ms",
+              "--straggler_timeout=3", "--collective_timeout=30"])
+  faults.wait_for(lambda: faults.epoch_of(job.ckpt) >= 2, 180, "epoch 2",
+                  None)
+  os.kill(_worker_pid(job, 2), signal.SIGKILL)
+  codes = job.wait()
+  assert codes == [0, 0], job.logs()
+  out = json.loads(job.result.read_text())
+  assert out["test_accuracy"] >= 0.9, out["test_accuracy"]
+  if "a lost peer; restarting" in job.log(0):
+    # Killed inside an averaging: every node restarted, worker 2 too.
+    assert "(attempt 1, a lost-peer restart)" in job.log(1)
+    assert out["final_members"] == [0, 1, 2] and out["resumed_from"], out
+  else:
+    assert [e["dropped"] for e in out["membership"] if e["dropped"]] == [
+        [2]], out["membership"]
+    assert "worker 2 was killed by SIGKILL; the others go on" in job.log(1)
+
+
+def _worker_pid(job, index):
+  """The pid of global worker `index` (its TF_CONFIG says so)."""
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        env = f.read()
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read()
+    except OSError:
+      continue
+    if (b"train.py" in cmd and str(job.ckpt).encode() in cmd and
+        f'"index": {index}}}'.encode() in env):
+      return int(pid)
+  raise AssertionError(f"worker {index} not found:\n{job.logs()}")

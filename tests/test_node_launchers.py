@@ -156,3 +156,22 @@ def test_node_0s_launcher_killed_stops_the_other_nodes_workers(tmp_path):
   assert ("node 0's launcher is gone (the chief with it); stopped this "
           "node's workers.") in errs[1]
   _all_gone(pids)
+
+
+def test_a_node_that_never_starts_is_named_by_node_0(tmp_path):
+  del tmp_path
+  port = _free_port()
+  proc = subprocess.Popen(
+      LAUNCH + ["--nnodes=3", "--node_rank=0",
+                f"--rendezvous=127.0.0.1:{port}", "--num_workers=1",
+                "--network=host", "--join_timeout=1", "--", sys.executable,
+                "-c", "pass"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    _, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 1, err
+  assert err.strip().endswith(
+      "oscars-launch: error: rendezvous: node(s) [1, 2] of 3 did not join "
+      "within 1 s (joined: [0])"), err
