@@ -2,7 +2,8 @@
 
     python node_worker.py DIR PLAN
 
-It writes DIR/<attempt>.<index>.pid (its pid) at start, then does what
+It writes DIR/<attempt>.<index>.env (the launcher's emulation variables)
+and DIR/<attempt>.<index>.pid (its pid) at start, then does what
 PLAN (JSON: {"<attempt>.<index>": action}) says for its attempt
 (OSCARS_LAUNCH_ATTEMPT) and task index (TF_CONFIG); the default is
 "finish". Actions:
@@ -25,7 +26,10 @@ out, plan = sys.argv[1], json.loads(sys.argv[2])
 attempt = os.environ["OSCARS_LAUNCH_ATTEMPT"]
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 me = os.path.join(out, f"{attempt}.{index}")
-with open(me + ".pid", "w") as f:
+with open(me + ".env", "w") as f:  # what the launcher set, per worker
+  json.dump({k: v for k, v in os.environ.items()
+             if k in ("OSCARS_CPU_LIMIT", "OSCARS_SIMULATE_STEP_TIME")}, f)
+with open(me + ".pid", "w") as f:  # last: the tests wait for it
   f.write(str(os.getpid()))
 action = plan.get(f"{attempt}.{index}", "finish")
 deadline = time.monotonic() + 60  # never outlive a broken test

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 import faults
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,7 +28,7 @@ def _free_port():
 class _Nodes:
   """Launchers of one job, node 0 first; each node's workers given."""
 
-  def __init__(self, tmp_path, workers, plan, extra=()):
+  def __init__(self, tmp_path, workers, plan, extra=(), per_node=None):
     port, self.dir = _free_port(), tmp_path
     env = dict(os.environ)
     env.pop("SLURM_JOB_ID", None)
@@ -34,7 +36,8 @@ class _Nodes:
         LAUNCH + [f"--nnodes={len(workers)}", f"--node_rank={rank}",
                   f"--rendezvous=127.0.0.1:{port}", f"--num_workers={k}",
                   "--network=host", "--join_timeout=30", "--grace_seconds=5",
-                  *(extra if rank == 0 else ()), "--", sys.executable,
+                  *(extra if rank == 0 else ()),
+                  *(per_node or {}).get(rank, ()), "--", sys.executable,
                   os.path.join(HERE, "node_worker.py"), str(tmp_path),
                   json.dumps(plan)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -175,3 +178,21 @@ def test_a_node_that_never_starts_is_named_by_node_0(tmp_path):
   assert err.strip().endswith(
       "oscars-launch: error: rendezvous: node(s) [1, 2] of 3 did not join "
       "within 1 s (joined: [0])"), err
+
+
+def test_emulation_flags_work_per_node(tmp_path):
+  # --cpu_limit lists this node's workers (cgroups are per machine);
+  # --simulate_step_time is the job's, by global index.
+  spec = "20ms*1,1,2"
+  nodes = _Nodes(tmp_path, [1, 2], {}, per_node={
+      0: [f"--simulate_step_time={spec}"],
+      1: ["--cpu_limit=0.5,0.25", f"--simulate_step_time={spec}"]})
+  codes, errs = nodes.finish()
+  if codes[1] == 1 and "--cpu_limit:" in errs[1]:
+    pytest.skip(f"no CPU quotas here: {errs[1].strip()[-200:]}")
+  assert codes == [0, 0], errs
+  env = {i: json.loads((tmp_path / f"0.{i}.env").read_text())
+         for i in range(3)}
+  assert [env[i].get("OSCARS_CPU_LIMIT") for i in range(3)] == [
+      None, "0.5", "0.25"], env
+  assert all(env[i]["OSCARS_SIMULATE_STEP_TIME"] == spec for i in range(3))
