@@ -1,6 +1,7 @@
 """Helpers of the fault-injection tests: launch examples/train.py jobs and
 find their worker processes. Every wait is bounded."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -8,7 +9,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import multiworker
+from oscars_tf.tools import worker_netns
 
 TRAIN = str(pathlib.Path(__file__).resolve().parent.parent / "examples" /
             "train.py")
@@ -137,3 +141,24 @@ def final_lines(out):
       worker = int(line[1:line.index("]")])
       lines[worker] = line.split(": ", 1)[1].split(", ")[:2]
   return lines
+
+
+@contextlib.contextmanager
+def network_namespaces(n, subnet, prefix="oscars"):
+  """`n` namespaces on a bridge (worker_netns.WorkerNamespaces), removed
+  at the end; the test is skipped, saying why, where the machine refuses
+  (no root, no iproute2)."""
+  if os.geteuid() != 0:
+    pytest.skip("network namespaces need root (CAP_NET_ADMIN)")
+  spaces = worker_netns.WorkerNamespaces(n, subnet, prefix=prefix)
+  try:
+    spaces.create()
+  except (subprocess.CalledProcessError, OSError) as e:
+    spaces.remove()
+    pytest.skip(f"cannot create network namespaces here: "
+                f"{getattr(e, 'stderr', e)}")
+  try:
+    yield spaces
+  finally:
+    spaces.remove()
+

@@ -28,26 +28,19 @@ SUBNET = "10.213.81"
 RENDEZVOUS_PORT = 29400
 # Node 2's link is slower; tbf on every node's link (the others fast).
 RATES = ["1gbit", "1gbit", "100mbit"]
+# A fault mid-training: drops within seconds, no collective hangs long.
+FAULT_ARGS = ["--epochs=8", "--simulate_step_time=50ms",
+              "--straggler_timeout=3", "--collective_timeout=30"]
 
 
 @pytest.fixture
 def nodes():
-  if os.geteuid() != 0:
-    pytest.skip("network namespaces need root (CAP_NET_ADMIN)")
-  spaces = worker_netns.WorkerNamespaces(3, SUBNET, prefix="oscars_node")
-  try:
-    spaces.create()
-  except (subprocess.CalledProcessError, OSError) as e:
-    spaces.remove()
-    pytest.skip(f"cannot create network namespaces here: "
-                f"{getattr(e, 'stderr', e)}")
-  problem = spaces.shape([worker_netns.tbf(r) for r in RATES],
-                         download=True)
-  if problem:
-    spaces.remove()
-    pytest.skip(f"tc tbf unavailable here: {problem}")
-  yield spaces
-  spaces.remove()
+  with faults.network_namespaces(3, SUBNET, prefix="oscars_node") as spaces:
+    problem = spaces.shape([worker_netns.tbf(r) for r in RATES],
+                           download=True)
+    if problem:
+      pytest.skip(f"tc tbf unavailable here: {problem}")
+    yield spaces
 
 
 class _Job:
@@ -73,6 +66,11 @@ class _Job:
           stdout=log, stderr=subprocess.STDOUT,
           env=multiworker.worker_env({}), start_new_session=True))
       log.close()
+
+  def reach_epoch(self, epoch):
+    """Returns once the chief has saved epoch `epoch` (fails past 180 s)."""
+    faults.wait_for(lambda: faults.epoch_of(self.ckpt) >= epoch, 180,
+                    f"epoch {epoch}", None)
 
   def log(self, rank):
     return (self.tmp / f"node{rank}.log").read_text()
@@ -131,11 +129,8 @@ def test_three_hosts_of_different_sizes_train_one_model_grouped_by_host(
 
 def test_a_node_whose_launcher_is_killed_leaves_and_the_job_goes_on(
     nodes, tmp_path):
-  job = _Job(nodes, tmp_path, [2, 1],
-             ["--epochs=8", "--simulate_step_time=50ms",
-              "--straggler_timeout=3", "--collective_timeout=30"])
-  faults.wait_for(lambda: faults.epoch_of(job.ckpt) >= 2, 180, "epoch 2",
-                  None)
+  job = _Job(nodes, tmp_path, [2, 1], FAULT_ARGS)
+  job.reach_epoch(2)
   job.procs[1].kill()  # SIGKILL: its worker dies with it
   codes = job.wait()
   log0 = job.log(0)
@@ -155,8 +150,7 @@ def test_a_node_whose_launcher_is_killed_leaves_and_the_job_goes_on(
 def test_sigterm_to_a_node_launcher_stops_every_node(nodes, tmp_path):
   job = _Job(nodes, tmp_path, [1, 2], ["--epochs=40",
                                        "--simulate_step_time=50ms"])
-  faults.wait_for(lambda: faults.epoch_of(job.ckpt) >= 1, 180, "epoch 1",
-                  None)
+  job.reach_epoch(1)
   job.procs[1].send_signal(signal.SIGTERM)
   codes = job.wait(timeout=60)
   assert codes == [143, 143], job.logs()
@@ -168,11 +162,8 @@ def test_sigterm_to_a_node_launcher_stops_every_node(nodes, tmp_path):
 
 def test_a_worker_killed_on_another_node_is_dropped_or_restarted(
     nodes, tmp_path):
-  job = _Job(nodes, tmp_path, [1, 2],
-             ["--epochs=8", "--simulate_step_time=50ms",
-              "--straggler_timeout=3", "--collective_timeout=30"])
-  faults.wait_for(lambda: faults.epoch_of(job.ckpt) >= 2, 180, "epoch 2",
-                  None)
+  job = _Job(nodes, tmp_path, [1, 2], FAULT_ARGS)
+  job.reach_epoch(2)
   os.kill(_worker_pid(job, 2), signal.SIGKILL)
   codes = job.wait()
   assert codes == [0, 0], job.logs()

@@ -21,7 +21,6 @@ import pytest
 
 import faults
 import multiworker
-from oscars_tf.tools import worker_netns
 
 SUBNET = "10.213.77"
 PORT = 23456
@@ -36,17 +35,8 @@ QDISCS = {"netem": ["netem", "delay", "5ms", "1ms"],
 
 @pytest.fixture
 def namespaces():
-  if os.geteuid() != 0:
-    pytest.skip("network namespaces need root (CAP_NET_ADMIN)")
-  spaces = worker_netns.WorkerNamespaces(3, SUBNET)
-  try:
-    spaces.create()
-  except (subprocess.CalledProcessError, OSError) as e:
-    spaces.remove()
-    pytest.skip(f"cannot create network namespaces here: "
-                f"{getattr(e, 'stderr', e)}")
-  yield spaces
-  spaces.remove()
+  with faults.network_namespaces(3, SUBNET) as spaces:
+    yield spaces
 
 
 def _start(spaces, tmp_path, args):
