@@ -25,6 +25,26 @@ def job_env():
   return env
 
 
+def scaled_cpu_limits(ratios, cores):
+  """Per-worker CPU limits: `ratios` scaled so that they add up to at most
+  `cores` (a quota above the machine's cores limits nothing)."""
+  scale = min(1.0, cores / sum(ratios))
+  return [round(r * scale, 3) for r in ratios]
+
+
+def emulated_launcher_args(profile, n, limits, cpu_limit_from, bandwidth):
+  """oscars-launch's flags for an EMULATED profile: even, cpu_uneven (CPU
+  quotas `limits`, applied from `cpu_limit_from`), slow_links (every
+  worker's link at `bandwidth`), both."""
+  out = [f"--num_workers={n}"]
+  if profile in ("cpu_uneven", "both"):
+    out.append("--cpu_limit=" + ",".join(f"{c:g}" for c in limits))
+    out.append(f"--cpu_limit_from={cpu_limit_from}")
+  if profile in ("slow_links", "both"):
+    out += ["--network=emulated", f"--bandwidth={bandwidth}"]
+  return out
+
+
 def run_job(name, launcher_args, train_args, outdir, timeout):
   """Runs `oscars-launch launcher_args -- train.py train_args`; returns
   train.py's result (its --result_json) with the job's wall time added."""

@@ -127,19 +127,13 @@ def cpu_limits(n):
   if len(ratios) != n:
     raise app.UsageError(f"--cpu_ratios: need {n} values (one per worker), "
                          f"got {len(ratios)}.")
-  scale = min(1.0, FLAGS.cores / sum(ratios))
-  return [round(r * scale, 3) for r in ratios]
+  return accuracy_runs.scaled_cpu_limits(ratios, FLAGS.cores)
 
 
 def launcher_args(profile, n):
   """oscars-launch's flags for a profile (every limit EMULATED)."""
-  out = [f"--num_workers={n}"]
-  if profile in ("cpu_uneven", "both"):
-    out.append("--cpu_limit=" + ",".join(f"{c:g}" for c in cpu_limits(n)))
-    out.append(f"--cpu_limit_from={FLAGS.cpu_limit_from}")
-  if profile in ("slow_links", "both"):
-    out += ["--network=emulated", f"--bandwidth={FLAGS.bandwidth}"]
-  return out
+  return accuracy_runs.emulated_launcher_args(
+      profile, n, cpu_limits(n), FLAGS.cpu_limit_from, FLAGS.bandwidth)
 
 
 def run(profile, strategy, period, repeat, outdir):

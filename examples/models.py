@@ -9,8 +9,9 @@ MODELS = ("mlp", "cnn", "wide_cnn", "transformer_lm")
 TEXT_MODELS = ("transformer_lm",)
 
 
-def build(name, input_shape, num_classes):
-  """An uncompiled Keras model `name` for inputs of `input_shape`."""
+def build(name, input_shape, num_classes, **sizes):
+  """An uncompiled Keras model `name` for inputs of `input_shape`;
+  `sizes`: transformer_lm's d_model, num_layers, num_heads."""
   import keras  # pylint: disable=g-import-not-at-top
   if name not in MODELS:
     raise ValueError(f"unknown model {name!r}; choose one of {MODELS}.")
@@ -22,7 +23,7 @@ def build(name, input_shape, num_classes):
     if len(input_shape) != 1 or num_classes != 256:
       raise ValueError("--model=transformer_lm needs a byte-level text data "
                        "set (--dataset=stdlib_text).")
-    return transformer_lm(seq_len=input_shape[0])
+    return transformer_lm(seq_len=input_shape[0], **sizes)
   inputs = keras.Input(input_shape)
   if name == "mlp":
     h = keras.layers.Flatten()(inputs)

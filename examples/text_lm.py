@@ -22,7 +22,19 @@ flags.DEFINE_integer("steps_per_epoch", 0, "Text data sets: steps per "
 flags.DEFINE_integer("eval_windows", 0, "Text data sets: validation "
                      "windows evaluated (the first, in file order); 0: "
                      "all.", lower_bound=0)
+flags.DEFINE_integer("d_model", 64, "--model=transformer_lm: width.",
+                     lower_bound=1)
+flags.DEFINE_integer("num_layers", 2, "--model=transformer_lm: blocks.",
+                     lower_bound=1)
+flags.DEFINE_integer("num_heads", 4, "--model=transformer_lm: attention "
+                     "heads (a divisor of --d_model).", lower_bound=1)
 FLAGS = flags.FLAGS
+
+
+def model_sizes():
+  """models.build's sizes for a text model."""
+  return {"d_model": FLAGS.d_model, "num_layers": FLAGS.num_layers,
+          "num_heads": FLAGS.num_heads}
 
 NUM_CLASSES = 256  # bytes
 _EVAL_BATCH = 256

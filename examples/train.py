@@ -222,7 +222,8 @@ def main(argv):
   with strategy.scope():
     try:
       model = models.build(FLAGS.model, x.shape[1:], text_lm.NUM_CLASSES
-                           if text else int(y.max()) + 1)
+                           if text else int(y.max()) + 1,
+                           **(text_lm.model_sizes() if text else {}))
     except ValueError as e:
       sys.exit(f"train.py: {e}")
     model.compile(optimizer=_optimizer(keras),
@@ -405,6 +406,7 @@ def main(argv):
         # The chief's rounds: when it arrived, its steps, its waits (for
         # the decision; in the collective).
         "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
+                                      "planned_steps", "epoch_end",
                                       "wait_s", "comm_s", "members")}
                    for r in getattr(strategy, "round_history", [])],
         "per_worker": [dict(zip(row, map(float, values))) for values in

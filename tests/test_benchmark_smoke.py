@@ -147,3 +147,37 @@ def cpu_limits_usable():
   except cpu_limits.CpuLimitError:
     return False
   return True
+
+
+WORKLOADS = BENCHMARK.parent / "real_workloads.py"
+
+
+def test_real_workloads_trains_the_language_model_and_reports_it(tmp_path):
+  """A tiny run of the language-model benchmark (2 workers, even profile,
+  a few steps): every row has its curve in bits per byte, its target,
+  round ends and periods; the goals are reported."""
+  out = tmp_path / "lm.json"
+  proc = subprocess.run(
+      [sys.executable, str(WORKLOADS), "--profiles=even", "--num_workers=2",
+       "--cpu_ratios=1,1", "--strategies=sync_tf,oscars", "--epochs=2",
+       "--steps_per_epoch=12", "--eval_windows=128", "--d_model=32",
+       f"--result_json={out}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=420, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "EMULATED" in proc.stdout and "SIMULATED" not in proc.stdout
+  result = json.loads(out.read_text())
+  rows = {r["strategy"]: r for r in result["rows"]}
+  assert sorted(rows) == ["oscars", "sync_tf"]
+  for r in rows.values():
+    assert len(r["curve"]) == 2 and all(
+        t > 0 and 0 < bpb < 9 for t, bpb in r["curve"]), r["curve"]
+    assert r["target_bpb"] == rows["sync_tf"]["target_bpb"]
+    assert len(r["utilization"]) == 2 and all(b > 0 for b in r["bytes_sent"])
+    _sane_end_spreads(r)
+  oscars = rows["oscars"]
+  assert oscars["averagings"] >= 2 and oscars["epoch_end_rounds"] >= 1
+  assert sum(oscars["periods"].values()) >= 2
+  assert rows["sync_tf"]["time_to_target_s"] is not None
+  assert any(g["goal"].startswith("even: oscars vs sync_tf")
+             for g in result["goals"])

@@ -1,0 +1,72 @@
+"""What real_workloads.py reads from a language-model run: loss curves in
+validation bits per byte (lower is better), and how the rounds ended.
+Pure functions of train.py's result; no TensorFlow."""
+
+import collections
+
+
+def points(result):
+  """[(training time s, validation bits per byte)] at each epoch end."""
+  return [(c["train_time_s"], c["val_bits_per_byte"])
+          for c in result["curve"]]
+
+
+def at_time(curve, t):
+  """The curve's value at training time `t`, linear between epoch ends;
+  None before the first point or after the last."""
+  previous = None
+  for time_s, value in curve:
+    if time_s >= t:
+      if previous is None:
+        return value if time_s == t else None
+      t0, v0 = previous
+      return v0 + (value - v0) * (t - t0) / (time_s - t0)
+    previous = (time_s, value)
+  return None
+
+
+def time_to(curve, target):
+  """Training time at which the curve first falls to `target` (linear
+  between epoch ends, as accuracy_runs.time_to_target); None if never."""
+  previous = None
+  for time_s, value in curve:
+    if value <= target:
+      if previous is None:
+        return time_s
+      t0, v0 = previous
+      return t0 + (time_s - t0) * (v0 - target) / (v0 - value)
+    previous = (time_s, value)
+  return None
+
+
+def target_of(reference, fraction):
+  """The target: the reference curve's value at `fraction` of its training
+  time (so that it reaches it at that fraction of its run)."""
+  end = reference[-1][0]
+  value = at_time(reference, fraction * end)
+  return reference[-1][1] if value is None else value
+
+
+def period_histogram(result):
+  """{steps of the fastest worker in a round: rounds} over the chief's
+  plans, in powers of two ("8-15": 12 rounds)."""
+  counts = collections.Counter()
+  for planned in result.get("round_plans") or []:
+    if planned:
+      k = max(planned)
+      low = 1 << max(k.bit_length() - 1, 0)
+      counts[f"{low}-{2 * low - 1}" if low > 1 else "1"] += 1
+  return dict(sorted(counts.items(), key=lambda kv: int(
+      kv[0].split("-")[0])))
+
+
+def round_ends(result):
+  """(averagings, how many ended at an epoch end) in the chief's rounds."""
+  rounds = result.get("rounds") or []
+  return len(rounds), sum(1 for r in rounds if r.get("epoch_end"))
+
+
+def compute_ideal(limits):
+  """The speed-up over synchronous training that compute alone allows:
+  sum of rates / (N * the slowest rate), rates as the CPU limits."""
+  return sum(limits) / (len(limits) * min(limits))

@@ -1,0 +1,46 @@
+"""benchmarks/lm_measures.py: what real_workloads.py reads from a language
+model's run (curves in bits per byte, lower is better; round ends)."""
+
+import pytest
+
+import lm_measures
+
+CURVE = [(10.0, 6.0), (20.0, 4.0), (30.0, 3.0)]
+
+
+def test_values_between_epoch_ends_are_linear_and_none_outside():
+  assert lm_measures.at_time(CURVE, 15.0) == pytest.approx(5.0)
+  assert lm_measures.at_time(CURVE, 30.0) == pytest.approx(3.0)
+  assert lm_measures.at_time(CURVE, 10.0) == pytest.approx(6.0)
+  assert lm_measures.at_time(CURVE, 5.0) is None
+  assert lm_measures.at_time(CURVE, 31.0) is None
+
+
+def test_time_to_a_target_falls_between_the_epoch_ends_around_it():
+  assert lm_measures.time_to(CURVE, 5.0) == pytest.approx(15.0)
+  assert lm_measures.time_to(CURVE, 3.5) == pytest.approx(25.0)
+  assert lm_measures.time_to(CURVE, 7.0) == pytest.approx(10.0)
+  assert lm_measures.time_to(CURVE, 2.9) is None
+
+
+def test_the_target_is_reached_at_its_fraction_of_the_reference_run():
+  target = lm_measures.target_of(CURVE, 2 / 3)  # at t = 20
+  assert target == pytest.approx(4.0)
+  assert lm_measures.time_to(CURVE, target) == pytest.approx(20.0)
+  assert lm_measures.target_of(CURVE, 0.1) == pytest.approx(3.0)  # no value
+
+
+def test_periods_by_powers_of_two_and_rounds_ended_by_an_epoch_end():
+  result = {"round_plans": [[8, 4], [12, 3], [1, 1], [40, 10], None],
+            "rounds": [{"epoch_end": False}, {"epoch_end": True},
+                       {"epoch_end": False}]}
+  assert lm_measures.period_histogram(result) == {"1": 1, "8-15": 2,
+                                                  "32-63": 1}
+  assert list(lm_measures.period_histogram(result)) == ["1", "8-15", "32-63"]
+  assert lm_measures.round_ends(result) == (3, 1)
+  assert lm_measures.round_ends({}) == (0, 0)
+
+
+def test_the_compute_ideal_is_the_sum_of_rates_over_n_slowest():
+  assert lm_measures.compute_ideal([1, 1, 0.5, 0.25]) == pytest.approx(2.75)
+  assert lm_measures.compute_ideal([0.5, 0.5]) == pytest.approx(1.0)
