@@ -148,6 +148,14 @@ def median_and_range(values):
   return statistics.median(xs), min(xs), max(xs)
 
 
+def print_goals(goal_rows):
+  """One line per goal: MET or MISSED, its median and range."""
+  for g in goal_rows:
+    text = ("n/a" if g["median"] is None else
+            f"{g['median']:.2f} (range {g['low']:.2f} to {g['high']:.2f})")
+    print(f"{'MET   ' if g['met'] else 'MISSED'} {g['goal']}: {text}")
+
+
 def pyplot():
   """matplotlib's pyplot (Agg), or None with a line saying how to get it."""
   try:

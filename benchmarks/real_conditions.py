@@ -248,10 +248,7 @@ def print_table(rows, goal_rows):
   print("(* local_sgd periods not chosen as best; util = compute share of "
         "training time, estimated alike for every strategy; ends = how far "
         "apart the workers' training returned / their processes exited)")
-  for g in goal_rows:
-    text = ("n/a" if g["median"] is None else
-            f"{g['median']:.2f} (range {g['low']:.2f} to {g['high']:.2f})")
-    print(f"{'MET   ' if g['met'] else 'MISSED'} {g['goal']}: {text}")
+  accuracy_runs.print_goals(goal_rows)
 
 
 def plot(rows, path):

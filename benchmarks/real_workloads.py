@@ -283,10 +283,7 @@ def print_table(rows, goal_rows, ideal):
     if v["speedup"] is not None:
       print(f"{profile}: oscars {v['speedup']:.2f}x over sync_tf; compute "
             f"ideal {v['ideal']:.2f}x; realized {100 * v['fraction']:.0f} %")
-  for g in goal_rows:
-    text = ("n/a" if g["median"] is None else
-            f"{g['median']:.2f} (range {g['low']:.2f} to {g['high']:.2f})")
-    print(f"{'MET   ' if g['met'] else 'MISSED'} {g['goal']}: {text}")
+  accuracy_runs.print_goals(goal_rows)
 
 
 def plot(rows, path):
