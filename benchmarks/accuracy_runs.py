@@ -11,6 +11,16 @@ import subprocess
 import sys
 import time
 
+# train.py's flags for each strategy the benchmarks compare.
+STRATEGY_ARGS = {
+    "sync_tf": ["--strategy=multi_worker_mirrored"],
+    "ps": ["--strategy=parameter_server"],
+    "local_sgd": ["--strategy=local_sgd"],
+    "oscars": ["--strategy=oscars"],
+    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
+    "oscars_outer": ["--strategy=oscars", "--outer_momentum=0.5"],
+    "oscars_rule_t": ["--strategy=oscars", "--min_utilization=0"]}
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 

@@ -68,13 +68,7 @@ PROFILE_STRATEGIES = {
     "cpu_uneven": ("sync_tf", "ps", "local_sgd", "oscars"),
     "slow_links": ("sync_tf", "ps", "oscars", "oscars_bf16"),
     "both": ("sync_tf", "ps", "oscars", "oscars_bf16")}
-TRAIN_ARGS = {
-    "sync_tf": ["--strategy=multi_worker_mirrored"],
-    "ps": ["--strategy=parameter_server"],
-    "local_sgd": ["--strategy=local_sgd"],
-    "oscars": ["--strategy=oscars"],
-    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
-    "oscars_rule_t": ["--strategy=oscars", "--min_utilization=0"]}
+TRAIN_ARGS = {s: accuracy_runs.STRATEGY_ARGS[s] for s in STRATEGIES}
 
 flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
                   "local_sgd with one period, oscars; 4 epochs): under 3 "

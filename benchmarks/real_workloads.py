@@ -62,12 +62,7 @@ PROFILE_STRATEGIES = {
     "cpu_uneven": STRATEGIES,
     "slow_links": ("sync_tf", "oscars", "oscars_outer", "oscars_bf16"),
     "both": ("sync_tf", "oscars", "oscars_bf16")}
-TRAIN_ARGS = {
-    "sync_tf": ["--strategy=multi_worker_mirrored"],
-    "local_sgd": ["--strategy=local_sgd"],
-    "oscars": ["--strategy=oscars"],
-    "oscars_outer": ["--strategy=oscars", "--outer_momentum=0.5"],
-    "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"]}
+TRAIN_ARGS = {s: accuracy_runs.STRATEGY_ARGS[s] for s in STRATEGIES}
 
 flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
                   "local_sgd with one period, oscars; fewer steps): under 3 "
