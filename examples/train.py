@@ -26,7 +26,6 @@ worker and ps tasks serve, the chief schedules the steps.
 """
 
 import gc
-import hashlib
 import json
 import os
 import sys
@@ -44,6 +43,7 @@ from oscars_tf import data  # noqa: E402
 from oscars_tf.cli import flags as oscars_flags  # noqa: E402
 from oscars_tf.tools import cpu_limits  # noqa: E402
 import text_lm  # noqa: E402
+import train_report  # noqa: E402
 
 flags.DEFINE_enum("dataset", "digits", list(data.NAMES + data.TEXT),
                   f"Data set; offline: {', '.join(data.OFFLINE + data.TEXT)} "
@@ -153,36 +153,6 @@ def _optimizer(keras):
   momentum = 0.9 if FLAGS.optimizer == "momentum" else 0.0
   return keras.optimizers.SGD(FLAGS.learning_rate, momentum=momentum,
                               nesterov=momentum > 0)
-
-
-def _worker_numbers(strategy, model, steps, train_time, simulated_s,
-                    real_step_s):
-  """This worker's counters for the result (same keys on every worker).
-
-  compute_s is estimated the same way under every strategy: the SIMULATED
-  delay plus the steps times a measured local step (loops.local_step_timer).
-  Under OscarsStrategy bytes and collectives are its own counts; under TF's
-  strategies one gradient all-reduce per step of the trainable weights.
-  """
-  row = {"steps": steps, "wall_time_s": train_time,
-         "compute_s": simulated_s + steps * real_step_s,
-         "simulated_s": simulated_s, "real_step_s": real_step_s}
-  if hasattr(strategy, "stats"):
-    s = strategy.stats()
-    late = [r for r in strategy.round_history
-            if r["arrived_at"] >= time.time() - train_time / 2]
-    busy = sum(r["compute_s"] for r in late)
-    spent = busy + sum(r["wait_s"] + r["comm_s"] for r in late)
-    return dict(row, wait_s=s["wait_s"], comm_s=s["comm_s"],
-                bytes_sent=s["bytes_sent"], collectives=s["syncs"],
-                utilization_second_half=busy / spent if spent else 1.0)
-  weight_bytes = sum(int(v.numpy().nbytes) for v in model.trainable_weights)
-  compute = row["compute_s"]
-  return dict(row, wait_s=0.0, comm_s=0.0, bytes_sent=weight_bytes * steps,
-              collectives=steps,
-              # No rounds to split: the whole run's share.
-              utilization_second_half=compute / train_time if train_time
-              else 0.0)
 
 
 def main(argv):
@@ -361,8 +331,9 @@ def main(argv):
     steps = int(model.optimizer.iterations.numpy())
     simulated = (strategy.stats()["simulated_s"] if hasattr(strategy, "stats")
                  else loop_stats.get("simulated_s", 0.0))
-    row = _worker_numbers(strategy, model, steps - clock["steps0"], wall,
-                          simulated, real_step_s)
+    row = train_report.worker_numbers(
+        strategy, model, steps - clock["steps0"], wall, simulated,
+        real_step_s)
     # --cpu_limit_from=ready: the quota applied here (0: none pending), from
     # this optimizer step on (-1: none).
     row = dict(row, cpu_limit=clock.get("cpu_limit", 0.0),
@@ -372,46 +343,12 @@ def main(argv):
   print(f"{who}: test accuracy {accuracy:.4f}, loss "
         f"{test_loss:.4f}, {steps} optimizer steps, {wall:.1f} s", flush=True)
   if FLAGS.result_json and is_chief:
-    result = {
-        "strategy": FLAGS.strategy, "dataset": FLAGS.dataset,
-        "model": FLAGS.model, "workers": num_workers,
-        # What the averagings sent (bytes_sent in per_worker counts it).
-        "averaging_dtype": getattr(strategy, "averaging_dtype", "float32"),
-        "batch_size_per_worker": FLAGS.batch_size,
-        "epochs": FLAGS.epochs, "initial_epoch": initial_epoch,
-        # The saved state this run started from (checkpoint.newest), if any.
-        "resumed_from": resumed_from,
-        "started_at": STARTED_AT, "first_step_at": clock.get("first_step_at"),
-        "test_accuracy": accuracy, "test_loss": test_loss,
-        # Equal digests: bit-identical final weights (see --deterministic).
-        "weights_sha256": hashlib.sha256(b"".join(
-            np.ascontiguousarray(v.numpy()).tobytes()
-            for v in model.weights)).hexdigest(),
-        "wall_time_s": wall, "eval_time_s": clock["eval_s"],
-        "optimizer_step": steps, "curve": curve,
-        "simulated_step_time": simulated_spec,
-        # The chief's view of each round's plan: steps per worker.
-        "round_plans": [r["planned_all"] for r in
-                        getattr(strategy, "round_history", [])],
-        # Each round's groups (worker indices): by host, by speed, or all.
-        "round_groups": [r.get("groups") for r in
-                         getattr(strategy, "round_history", [])],
-        # Workers dropped (dead, stalled, cut off) or back, by round.
-        "membership": [{k: r[k] for k in ("round", "arrived_at", "wait_s",
-                                          "members", "dropped", "rejoined")}
-                       for r in getattr(strategy, "round_history", [])
-                       if r.get("dropped") or r.get("rejoined")],
-        "final_members": list(getattr(strategy, "members",
-                                      range(num_workers))),
-        # The chief's rounds: when it arrived, its steps, its waits (for
-        # the decision; in the collective).
-        "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
-                                      "planned_steps", "epoch_end",
-                                      "wait_s", "comm_s", "members")}
-                   for r in getattr(strategy, "round_history", [])],
-        "per_worker": [dict(zip(row, map(float, values))) for values in
-                       np.reshape(per_worker, (num_workers, -1))],
-        **(text.result(test_loss) if text else {})}
+    result = train_report.result(
+        FLAGS, strategy, model, num_workers, initial_epoch, resumed_from,
+        started_at=STARTED_AT, clock=clock, accuracy=accuracy,
+        test_loss=test_loss, wall=wall, steps=steps, curve=curve,
+        simulated_spec=simulated_spec, row=row, per_worker=per_worker,
+        extra=text.result(test_loss) if text else {})
     with open(FLAGS.result_json, "w") as f:
       json.dump(result, f, indent=1)
     logging.info("wrote %s", FLAGS.result_json)
