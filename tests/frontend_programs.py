@@ -320,6 +320,41 @@ class _Cases:
     data = self.tf.data.Dataset.from_tensor_slices((words, self.y))
     return text.fit(data.batch(BATCH), epochs=2, verbose=0, callbacks=cb)
 
+  def text_files(self, model, cb):
+    # A model of its own, as a user's text model reads: records of
+    # different lengths in several files of different sizes (tf.data from
+    # files: auto-sharded by file), decoded to bytes, padded per batch.
+    del model
+    keras, tf = self.keras, self.tf
+    rng = np.random.default_rng(5)
+    folder = os.path.join(self.outdir, f"text_files_{self.me}")
+    os.makedirs(folder, exist_ok=True)
+    paths, start = [], 0
+    for i, count in enumerate((40, 90, 60, 50)):  # N lines in all
+      lines = ["".join(chr(97 + (start + k + j) % 26)
+                       for j in range(int(rng.integers(3, 40))))
+               for k in range(count)]
+      start += count
+      paths.append(os.path.join(folder, f"part_{i}.txt"))
+      with open(paths[-1], "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+    def record(line):
+      ids = tf.cast(tf.io.decode_raw(line, tf.uint8), tf.int32)
+      return ids, tf.cast(tf.size(ids) % CLASSES, tf.int64)
+    data = tf.data.TextLineDataset(tf.data.Dataset.from_tensor_slices(
+        paths)).map(record).padded_batch(BATCH)
+    with self.strategy.scope():
+      text = keras.Sequential([
+          keras.Input((None,), dtype="int32"),
+          keras.layers.Embedding(128, 4),
+          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(CLASSES)])
+      text.compile(optimizer=keras.optimizers.SGD(0.05),
+                   loss=keras.losses.SparseCategoricalCrossentropy(
+                       from_logits=True))
+    self.final = text
+    return text.fit(data, epochs=2, verbose=0, callbacks=cb)
+
   def _k3(self):
     return not self.keras.__name__.startswith("tf_keras")
 
