@@ -51,6 +51,7 @@ def result(flag_values, strategy, model, num_workers, initial_epoch,
       "model": flag_values.model, "workers": num_workers,
       # What the averagings sent (bytes_sent in per_worker counts it).
       "averaging_dtype": getattr(strategy, "averaging_dtype", "float32"),
+      "compression": getattr(strategy, "compression", None),
       "batch_size_per_worker": flag_values.batch_size,
       "epochs": flag_values.epochs, "initial_epoch": initial_epoch,
       # The saved state this run started from (checkpoint.newest), if any.

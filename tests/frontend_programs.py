@@ -368,7 +368,8 @@ def main(params):
               else oscars_tf.schedules.Adaptive())
   strategy = oscars_tf.OscarsStrategy(
       schedule=schedule, collective_timeout=params.get("timeout", 60),
-      straggler_timeout=params.get("straggler_timeout", 30))
+      straggler_timeout=params.get("straggler_timeout", 30),
+      compression=params.get("compression"))
   me = strategy.worker_index
   frees = _IteratorFrees()
   cases = _Cases(keras, tf, strategy, params["outdir"])

@@ -20,6 +20,7 @@ import multiworker
     ({"odd_schedule_worker": 1}, "WorkerMismatchError", "schedule"),
     ({"averaging_dtype": [None, "bfloat16"]}, "WorkerMismatchError",
      "averaging_dtype"),
+    ({"compression": [None, "int4"]}, "WorkerMismatchError", "compression"),
     ({"empty_data": True}, "ValueError", "no training data"),
 ])
 def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,

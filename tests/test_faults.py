@@ -81,12 +81,15 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
 
 
 # The 30 s stall under fit; a shorter one through the custom
-# training loop (strategy.run with begin_epoch / cluster_epoch).
-@pytest.mark.parametrize("loop, stall_s, epochs, min_rounds", [
-    ("fit", 30, 30, 10), ("custom", 10, 16, 4)])
+# training loop (strategy.run with begin_epoch / cluster_epoch); one under
+# compressed averaging (the rejoiner takes the reference the changes are
+# measured from, in an exact round).
+@pytest.mark.parametrize("loop, stall_s, epochs, min_rounds, extra", [
+    ("fit", 30, 30, 10, []), ("custom", 10, 16, 4, []),
+    ("fit", 10, 16, 4, ["--compression=int4"])])
 def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
-    tmp_path, loop, stall_s, epochs, min_rounds):
-  job = faults.launch(3, TRAIN_ARGS + [
+    tmp_path, loop, stall_s, epochs, min_rounds, extra):
+  job = faults.launch(3, TRAIN_ARGS + extra + [
       f"--loop={loop}", f"--epochs={epochs}",
       f"--checkpoint_dir={tmp_path / 'ckpt'}",
       f"--result_json={tmp_path / 'stall.json'}"], ["--timeout=240"])

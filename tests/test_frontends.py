@@ -1,9 +1,10 @@
 # -- tf_keras --
 # Legacy tf_keras (Keras 2) through oscars_tf/frontends/tf_keras.py: every
 # case of frontend_programs.py on 3 workers, one 4x slower (simulated), in
-# one job per schedule: Adaptive (planned epochs) and Fixed(every=3)
-# (sharded epochs). Names here start with _tfk / tf_keras so that the
-# Keras 3 section of this file can sit beside this one.
+# one job per schedule: Adaptive (planned epochs), Fixed(every=3) (sharded
+# epochs), and Adaptive with compressed averaging (int4). Names here start
+# with _tfk / tf_keras so that the Keras 3 section of this file can sit
+# beside this one.
 
 import os
 import pathlib
@@ -32,15 +33,17 @@ def _tfk_cases():
           if callable(fn) and not name.startswith("_") and name != "model"]
 
 
-@pytest.fixture(scope="module", params=[0, 3], ids=["adaptive", "fixed3"])
+@pytest.fixture(scope="module", params=[
+    {"every": 0}, {"every": 3}, {"every": 0, "compression": "int4"}],
+                ids=["adaptive", "fixed3", "adaptive_int4"])
 def tf_keras_matrix(request):
-  every = request.param
+  every = request.param["every"]
   cases = [c for c in _tfk_cases() if c not in _TFK_PROGRAM_GAPS]
   gaps = ([c for c in _tfk_cases() if c in _TFK_PROGRAM_GAPS]
           if not every else [])
   result = multiworker.run(
       "tf_keras_matrix", _TFK_WORKERS,
-      {"flavour": "tf_keras", "cases": cases + gaps, "every": every},
+      {"flavour": "tf_keras", "cases": cases + gaps, **request.param},
       timeout=420, program=_TFK_PROGRAM, env=_TFK_ENV, expect_success=False,
       # Each worker exits by itself: a gap case failing on a fast worker
       # must not cut a slower one short in the case before it. A worker that

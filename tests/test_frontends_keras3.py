@@ -30,11 +30,17 @@ def cases():
           if callable(fn) and not name.startswith("_") and name != "model"]
 
 
-@pytest.fixture(scope="module", params=[0, 3], ids=["adaptive", "fixed3"])
+# Adaptive (planned epochs), Fixed(every=3) (sharded epochs), and Adaptive
+# with compressed averaging.
+SCHEDULES = [{"every": 0}, {"every": 3}, {"every": 0, "compression": "int4"}]
+
+
+@pytest.fixture(scope="module", params=SCHEDULES,
+                ids=["adaptive", "fixed3", "adaptive_int4"])
 def matrix(request):
   result = multiworker.run(
       "keras3_matrix", WORKERS,
-      {"flavour": "keras3", "cases": cases(), "every": request.param},
+      {"flavour": "keras3", "cases": cases(), **request.param},
       timeout=480, program=PROGRAM, env=SLOW_WORKER_ENV, expect_success=False)
   assert result.failed is None and result.codes == [0] * WORKERS, (
       f"{result.failed} {result.codes}:\n{result.tail()}")

@@ -82,8 +82,12 @@ def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
 # With steps_per_execution > 1 Keras runs the steps in a while loop, and the
 # round end, collective included, runs inside a tf.py_function (whose errors
 # TensorFlow reports as UnknownError: the lost peer must still be seen).
-@pytest.mark.parametrize("extra_args", [[], ["--steps_per_execution=4"]],
-                         ids=["per_step", "steps_per_execution_4"])
+# Compressed averaging dies in its own collectives (an all-to-all, an
+# all-gather) and resumes the same way.
+@pytest.mark.parametrize("extra_args", [[], ["--steps_per_execution=4"],
+                                        ["--compression=int4"]],
+                         ids=["per_step", "steps_per_execution_4",
+                              "compressed_int4"])
 def test_a_death_inside_a_collective_resumes_from_the_survivors_state(
     tmp_path, undisturbed, extra_args):
   # Worker 1 stops itself at the entrance of its 5th averaging collective

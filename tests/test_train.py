@@ -46,9 +46,14 @@ def _train(*flags, timeout=120):
     ("--dataset=stdlib_text", ["--dataset=stdlib_text",
                                "--model=transformer_lm"]),
     ("--seq_len=0", ["--seq_len"]),
+    ("--compression=int2", ["--compression", "int8", "int4"]),
+    ("--compression=int4 --averaging_dtype=bfloat16",
+     ["--compression", "--averaging_dtype=float32"]),
+    ("--compression=int8 --strategy=mirrored",
+     ["--compression", "OscarsStrategy only"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
-  proc = _train(flag, timeout=60)
+  proc = _train(*flag.split(), timeout=60)
   assert proc.returncode != 0
   first = proc.stderr.strip().splitlines()[0]
   for name in names:

@@ -38,7 +38,8 @@ def _setup(params):
       simulate_step_time=params.get("simulate", ""),
       outer_optimizer=(oscars_tf.schedules.OuterMomentum(**params["outer"])
                        if "outer" in params else None),
-      averaging_dtype=_averaging_dtype(params))
+      averaging_dtype=_per_worker(params, "averaging_dtype"),
+      compression=_per_worker(params, "compression"))
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.
@@ -54,9 +55,9 @@ def _adaptive(oscars_tf, args):
   return oscars_tf.schedules.Adaptive(**args)
 
 
-def _averaging_dtype(params):
-  """params["averaging_dtype"]: one for all workers, or a list by worker."""
-  value = params.get("averaging_dtype")
+def _per_worker(params, name):
+  """params[name]: one for all workers, or a list by worker."""
+  value = params.get(name)
   return value[_task_index()] if isinstance(value, list) else value
 
 

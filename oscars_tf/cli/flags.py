@@ -82,6 +82,11 @@ flags.DEFINE_enum("averaging_dtype", "float32",
                   "OscarsStrategy: the dtype float32 weights are averaged in "
                   "(bfloat16/float16: half the bytes, rounded averages; see "
                   "OscarsStrategy's averaging_dtype).")
+flags.DEFINE_enum("compression", "none", ["none", "int8", "int4"],
+                  "OscarsStrategy: send each averaging's change since the "
+                  "last global sync quantized to 8 or 4 bits, with error "
+                  "feedback (see OscarsStrategy's compression); not with "
+                  "--averaging_dtype.")
 flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
                    "an averaging point before failing.", lower_bound=1e-3)
 flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
@@ -127,6 +132,16 @@ def _periods_ordered(values):
 def _averaging_dtype_is_oscars(values):
   return (values["averaging_dtype"] == "float32" or
           values["strategy"] in ("oscars", "local_sgd", "sync"))
+
+
+@flags.multi_flags_validator(
+    ["strategy", "compression", "averaging_dtype"],
+    message="--compression applies to OscarsStrategy only (--strategy="
+    "oscars, local_sgd or sync), with --averaging_dtype=float32")
+def _compression_is_oscars(values):
+  return values["compression"] == "none" or (
+      values["strategy"] in ("oscars", "local_sgd", "sync") and
+      values["averaging_dtype"] == "float32")
 
 
 def make_schedule(flag_values=FLAGS):
@@ -191,4 +206,5 @@ def make_strategy(flag_values=FLAGS):
       collective_timeout=f.collective_timeout,
       straggler_timeout=f.straggler_timeout, join_timeout=f.join_timeout,
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
-      logdir=f.logdir, averaging_dtype=f.averaging_dtype)
+      logdir=f.logdir, averaging_dtype=f.averaging_dtype,
+      compression=None if f.compression == "none" else f.compression)

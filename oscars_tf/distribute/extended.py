@@ -69,6 +69,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self.epochs = parts.epochs
     self._averaged = parts.averaged
     self._outer = parts.outer
+    self._compression = parts.compression
     self._started_sets = set()    # variable sets already checked+broadcast
     self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
@@ -165,7 +166,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         handshake.check_workers_agree(variables, startup.Settings(
             self._schedule, self._optimizer_state, self._communication,
             self._outer.optimizer, self._book.step_quantum,
-            self._averaging_dtype))
+            self._averaging_dtype, self._compression.compression))
         handshake.broadcast_from_chief(
             replicas.read_values(variables, self._local_sgd),
             lambda values: replicas.write_values(variables, values))
@@ -179,6 +180,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
           if self._cluster.is_multi_worker:  # each restored its own
             handshake.broadcast_from_chief(outer.variables, outer.assign,
                                            role="shared")
+        if self._compression.compression:  # from the model all start with
+          self._compression.create(key, started)
       self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):
@@ -225,6 +228,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     """The dtype float weights are averaged in: None (their own), or
     tf.bfloat16 / tf.float16 (after the GPU fallback, see averaging)."""
     return self._averaging_dtype
+
+  @property
+  def compression(self):
+    """"int8" or "int4" (the changes are sent compressed), or None."""
+    return self._compression.compression
 
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see

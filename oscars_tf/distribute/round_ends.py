@@ -21,6 +21,7 @@ class RoundEnds:
     rounds: the worker's `rounds.Rounds` (step counters, averaging ops).
     averaged: its `averaged_variables.AveragedVariables`.
     outer: its `outer.OuterStates`.
+    compression: its `compression.CompressionStates`, or None.
     schedule: the strategy's schedule.
     local_sgd: whether the local replicas step on their own gradients.
     averages_across: whether rounds average anything at all (other workers,
@@ -28,10 +29,11 @@ class RoundEnds:
   """
 
   def __init__(self, rounds, averaged, outer, schedule, local_sgd,
-               averages_across):
+               averages_across, compression=None):
     self._rounds = rounds
     self._averaged = averaged
     self._outer = outer
+    self._compression = compression
     self._normalized = schedule.weighting == "normalized"
     self._local_sgd = local_sgd
     self._averages_across = averages_across
@@ -79,12 +81,22 @@ class RoundEnds:
     key = averaged_variables.key_of(variables)
     starts = self._starts.get(key)
     outer = self._outer.get(key)
+    squeezed = self._compression.get(key) if self._compression else None
 
     def write(values, is_global):
       if outer:  # at global syncs the averaged update takes an outer step
         values = tf.cond(is_global, lambda: outer.step(values),
                          lambda: [tf.identity(v) for v in values])
-      return replicas.write_values(variables, values, starts)
+      written = replicas.write_values(variables, values, starts)
+      if squeezed:  # a global sync's model: the changes' new reference
+        with tf.control_dependencies([written]):
+          written = tf.cond(
+              is_global, lambda: tf.group(squeezed.take_reference(values)),
+              tf.no_op)
+      return written
+
+    shared = (outer.variables if outer else []) + (
+        [squeezed.reference] if squeezed else [])
 
     return self._rounds.round_end_ops(
         step, loss,
@@ -92,4 +104,4 @@ class RoundEnds:
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
         reset_state=self._averaged.clear_nonfinite_slots,
-        shared_state=outer.variables if outer else None)
+        shared_state=shared or None, compression=squeezed)

@@ -13,11 +13,13 @@ import tensorflow as tf
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
+from oscars_tf.distribute import compression as compression_lib
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
 from oscars_tf.runtime import averagers
 from oscars_tf.runtime import averaging
+from oscars_tf.runtime import collective_watch
 from oscars_tf.runtime import fault_injection
 from oscars_tf.runtime import py_function_errors
 from oscars_tf.runtime import sharded_sync
@@ -61,7 +63,8 @@ class Rounds:
   the bookkeeping is its `book`."""
 
   def __init__(self, book, host_device, averaging_device, communication,
-               timeout, per_group_nccl=False, averaging_dtype=None):
+               timeout, per_group_nccl=False, averaging_dtype=None,
+               compression=None, addresses=()):
     self.book = book
     self._averaging_dtype = averaging_dtype  # None: each tensor's own
     # The model's averager: the round's group ("auto" on GPUs: NCCL for a
@@ -77,6 +80,13 @@ class Rounds:
           sharded_sync.ShardedAverager(averaging_device, intra, timeout,
                                        averaging_dtype))
     self._averager = averagers.UnlessAlone(averager)
+    # compression="int8"/"int4": the model's changes, quantized, on the
+    # host's CPU; the exact averager for the rest and some rounds.
+    self._compressed = compression_lib.CompressedRound(
+        compression, self._averager, host_device, timeout, book.me,
+        averaging_dtype, watch=collective_watch.PeerWatch(
+            lambda: [addresses[j] for j in book.round_peers()
+                     if j != book.me])) if compression else None
     # State every sound member holds equal, sent to a rejoiner in its
     # group: exact, under its own instance keys.
     self._shared_averager = self._group_averager(
@@ -148,7 +158,7 @@ class Rounds:
     return self.local_step.assign_add(1)
 
   def round_end_ops(self, step, loss, read_values, write_values, start=None,
-                    reset_state=None, shared_state=None):
+                    reset_state=None, shared_state=None, compression=None):
     """Ops of an averaging point (see module docstring).
 
     Args:
@@ -162,6 +172,8 @@ class Rounds:
       shared_state: variables every sound member holds equal (the outer
         optimizer's): at a round where a worker rejoins, every member takes
         the sound members' values before `write_values`.
+      compression: the set's `compression.CompressionState` when its
+        changes are sent compressed, else None.
     """
     values = read_values()
     # Poison guard: a worker whose weights are not all finite says so in the
@@ -177,8 +189,12 @@ class Rounds:
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
-      sent = averaging.packed_bytes(values, self._averaging_dtype)
-      averaged = self._averager.weighted_sum(values, part)
+      if compression is None:
+        sent = averaging.packed_bytes(values, self._averaging_dtype)
+        averaged = self._averager.weighted_sum(values, part)
+      else:
+        averaged, sent = self._compressed.weighted_sum(values, part,
+                                                       compression)
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
     shared = []

@@ -27,13 +27,14 @@ class Settings:
   outer_optimizer: object     # None or has fingerprint()
   steps_per_execution: int
   averaging_dtype: object = None  # None or the tf.DType averagings send
+  compression: object = None  # None, "int8" or "int4"
 
 
 # Names of signature()'s numbers, in order, for the error message.
 _SIGNATURE_NAMES = ("variable count", "element count", "shapes/dtypes",
                     "schedule", "optimizer_state", "communication",
                     "outer_optimizer", "steps_per_execution",
-                    "averaging_dtype")
+                    "averaging_dtype", "compression")
 
 
 def signature(variables, settings):
@@ -52,7 +53,9 @@ def signature(variables, settings):
           # Another dtype means other instance keys: a hang until the
           # timeout, so it is checked here.
           (settings.averaging_dtype.as_datatype_enum
-           if settings.averaging_dtype is not None else 0)]
+           if settings.averaging_dtype is not None else 0),
+          # Other collectives altogether: checked for the same reason.
+          {None: 0, "int8": 8, "int4": 4}[settings.compression]]
 
 
 class Handshake:

@@ -13,6 +13,7 @@ from oscars_tf import arguments
 from oscars_tf import cluster as cluster_lib
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
+from oscars_tf.distribute import compression as compression_lib
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import wiring
 from oscars_tf.distribute.extended import OscarsExtended
@@ -36,7 +37,7 @@ CREATION_HOOKS = []
 def _checked_arguments(schedule, optimizer_state, communication,
                        collective_timeout, local_replicas, simulate_step_time,
                        outer_optimizer, straggler_timeout, averaging_dtype,
-                       join_timeout):
+                       join_timeout, compression=None):
   """`OscarsStrategy`'s arguments, checked in their order, with their
   defaults filled in: (the components' `wiring.Arguments`, join_timeout)."""
   schedule = schedules_lib.Adaptive() if schedule is None else schedule
@@ -67,6 +68,14 @@ def _checked_arguments(schedule, optimizer_state, communication,
   join_timeout = arguments.positive_number(OWNER, "join_timeout",
                                            join_timeout, seconds)
   averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
+  if compression is not None:
+    arguments.one_of(OWNER, "compression", compression,
+                     compression_lib.COMPRESSIONS + (None,))
+    if averaging_dtype is not None:
+      raise ValueError(
+          f"{OWNER}: `compression={compression!r}` sends the model's "
+          "changes in its own integers; it takes no `averaging_dtype` "
+          f"(got {averaging_dtype.name!r}): leave that at float32.")
   if simulate_step_time is None:
     simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
   profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
@@ -75,7 +84,7 @@ def _checked_arguments(schedule, optimizer_state, communication,
       local_replicas, straggler_timeout,
       simulate=profile if profile.active else None,
       outer_optimizer=outer_optimizer,
-      averaging_dtype=averaging_dtype), join_timeout
+      averaging_dtype=averaging_dtype, compression=compression), join_timeout
 
 
 class OscarsStrategy(tf.distribute.Strategy):
@@ -139,6 +148,18 @@ class OscarsStrategy(tf.distribute.Strategy):
       outer optimizer's state are sent as they are. On GPUs (NCCL)
       TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
       with a warning.
+    compression: None (default), "int8" or "int4": each averaging sends
+      the float32 weights' change since the last global sync instead of
+      the weights, quantized in blocks of 64 values with one float32
+      scale each (int8: 1/3.8 of float32's bytes, int4: 1/7.1), with
+      error feedback (what rounding loses is sent again next time). The
+      sum is done in float32: an all-to-all of the quantized shards, a
+      float32 sum per shard, an all-gather of the sums re-quantized, so
+      every member still gets bit-identical values. Those collectives run
+      on the host's CPU over gRPC, in place of NCCL, the host-by-host and
+      the shard-by-shard global sync. A round with a rejoining worker is
+      averaged exactly (it takes the reference the changes are measured
+      from). Not with `averaging_dtype`.
     join_timeout: seconds each worker waits at its start for every task of
       the cluster to start (default 120). Meanwhile it names the tasks not
       listening yet every 15 s; past it the process is ended (SIGKILL:
@@ -168,11 +189,11 @@ class OscarsStrategy(tf.distribute.Strategy):
                collective_timeout=300.0, local_replicas="mirrored",
                simulate_step_time=None, outer_optimizer=None, logdir=None,
                straggler_timeout=None, averaging_dtype=None,
-               join_timeout=120.0):
+               join_timeout=120.0, compression=None):
     args, join_timeout = _checked_arguments(
         schedule, optimizer_state, communication, collective_timeout,
         local_replicas, simulate_step_time, outer_optimizer,
-        straggler_timeout, averaging_dtype, join_timeout)
+        straggler_timeout, averaging_dtype, join_timeout, compression)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
     if info.is_coordinator:
@@ -200,7 +221,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     logging.info("OscarsStrategy: worker %d of %d, devices %s, schedule %r, "
                  "averaging in %s", info.worker_index, info.num_workers,
                  self.extended.worker_devices, args.schedule,
-                 self.averaging_dtype)
+                 self.compression or self.averaging_dtype)
 
   @property
   def cluster(self):
@@ -245,6 +266,12 @@ class OscarsStrategy(tf.distribute.Strategy):
     (their own), "bfloat16" or "float16" (also after the GPU fallback)."""
     dtype = self.extended.averaging_dtype
     return "float32" if dtype is None else dtype.name
+
+  @property
+  def compression(self):
+    """"int8" or "int4" when averagings send the weights' changes
+    compressed, else None."""
+    return self.extended.compression
 
   def track(self, model, optimizer=None):
     """Names what a custom training loop averages (Keras fit does it itself).

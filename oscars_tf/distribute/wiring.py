@@ -3,8 +3,9 @@
 `build` wires, once per strategy, what `extended.OscarsExtended` uses: the
 averaging choices (communication, device, wire dtype), the start-up
 averager, the control plane, the round book and its logs, the rounds,
-their round ends, the epochs, what is averaged and the outer optimizer's
-state. The extended keeps only TensorFlow's strategy contract.
+their round ends, the epochs, what is averaged, the outer optimizer's
+state and compressed averaging's. The extended keeps only TensorFlow's
+strategy contract.
 """
 
 import atexit
@@ -18,6 +19,7 @@ import tensorflow as tf
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
 from oscars_tf.distribute import averaged_variables
+from oscars_tf.distribute import compression as compression_lib
 from oscars_tf.distribute import control_plane
 from oscars_tf.distribute import epochs as epochs_lib
 from oscars_tf.distribute import outer as outer_lib
@@ -43,6 +45,7 @@ class Arguments:
   simulate: Optional[simulate_lib.StepTimeProfile]  # None: no simulation
   outer_optimizer: Optional[schedules_lib.OuterMomentum]
   averaging_dtype: Optional[tf.DType]  # as asked; None: each its own
+  compression: Optional[str] = None  # "int8", "int4" or None (off)
 
   @property
   def local_sgd(self):
@@ -64,6 +67,7 @@ class Parts:
   epochs: epochs_lib.Epochs
   averaged: averaged_variables.AveragedVariables
   outer: outer_lib.OuterStates
+  compression: compression_lib.CompressionStates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,7 @@ def build(info, devices, args, averages: Callable[[], bool],
   """
   averaged = averaged_variables.AveragedVariables(args.optimizer_state)
   outer = outer_lib.OuterStates(args.outer_optimizer)
+  compression = compression_lib.CompressionStates(args.compression)
   hosts = [address.rpartition(":")[0] for _, _, address in info.workers]
   a = _averaging(info, devices, hosts, args)
   averager = averaging.GroupAverager(
@@ -125,16 +130,20 @@ def build(info, devices, args, averages: Callable[[], bool],
   round_logs = summaries.RoundLogging(info, book)
   rounds = rounds_lib.Rounds(
       book, a.host, a.device, a.communication, args.collective_timeout,
-      per_group_nccl=a.per_group_nccl, averaging_dtype=a.dtype)
+      per_group_nccl=a.per_group_nccl, averaging_dtype=a.dtype,
+      compression=args.compression,
+      addresses=[address for _, _, address in info.workers])
   ends = round_ends.RoundEnds(
       rounds, averaged, outer, args.schedule, args.local_sgd,
-      averages_across=info.is_multi_worker or args.local_sgd)
+      averages_across=info.is_multi_worker or args.local_sgd,
+      compression=compression)
   epochs = epochs_lib.Epochs(rounds, info, args.schedule, averages=averages,
                              end_round_now=end_round_now)
   if info.is_multi_worker:
     _end_at_exit(epochs, round_logs, args.collective_timeout)
   return Parts(a.host, a.communication, a.dtype, averager, plane.agreements,
-               book, round_logs, rounds, ends, epochs, averaged, outer)
+               book, round_logs, rounds, ends, epochs, averaged, outer,
+               compression)
 
 
 def _end_at_exit(epochs, round_logs, collective_timeout):

@@ -46,7 +46,11 @@ INSTANCE_KEY_BASE = {"model": 1 << 27, "check": 2 << 27, "racks": 3 << 27,
                      # the sharded global sync (sharded_sync.py)
                      "shard_in": 8 << 27, "shard_across": 9 << 27,
                      "shard_racks": 10 << 27, "shard_back": 11 << 27,
-                     "shard_out": 12 << 27, "shard_order": 13 << 27}
+                     "shard_out": 12 << 27, "shard_order": 13 << 27,
+                     # compressed averaging (compressed.py); the last
+                     # range below 2**31
+                     "compressed_spread": 14 << 27,
+                     "compressed_gather": 15 << 27}
 MAX_PACKS = 1 << 10
 _SHAPE_SLOTS = 1 << 17  # (1 << 27) // MAX_PACKS
 
