@@ -18,6 +18,8 @@ STRATEGY_ARGS = {
     "local_sgd": ["--strategy=local_sgd"],
     "oscars": ["--strategy=oscars"],
     "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
+    "oscars_int8": ["--strategy=oscars", "--compression=int8"],
+    "oscars_int4": ["--strategy=oscars", "--compression=int4"],
     "oscars_outer": ["--strategy=oscars", "--outer_momentum=0.5"],
     "oscars_rule_t": ["--strategy=oscars", "--min_utilization=0"]}
 
@@ -42,16 +44,23 @@ def scaled_cpu_limits(ratios, cores):
   return [round(r * scale, 3) for r in ratios]
 
 
+# A harsher link than slow_links': every worker's at 20 Mbit/s.
+SLOWER_LINK = "20mbit"
+
+
 def emulated_launcher_args(profile, n, limits, cpu_limit_from, bandwidth):
   """oscars-launch's flags for an EMULATED profile: even, cpu_uneven (CPU
   quotas `limits`, applied from `cpu_limit_from`), slow_links (every
-  worker's link at `bandwidth`), both."""
+  worker's link at `bandwidth`), both, links_20mbit (every worker's link at
+  SLOWER_LINK)."""
   out = [f"--num_workers={n}"]
   if profile in ("cpu_uneven", "both"):
     out.append("--cpu_limit=" + ",".join(f"{c:g}" for c in limits))
     out.append(f"--cpu_limit_from={cpu_limit_from}")
   if profile in ("slow_links", "both"):
     out += ["--network=emulated", f"--bandwidth={bandwidth}"]
+  if profile == "links_20mbit":
+    out += ["--network=emulated", f"--bandwidth={SLOWER_LINK}"]
   return out
 
 

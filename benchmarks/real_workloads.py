@@ -53,13 +53,14 @@ import lm_measures  # benchmarks/lm_measures.py
 
 PROFILES = ("even", "cpu_uneven", "slow_links", "both")
 STRATEGIES = ("sync_tf", "local_sgd", "oscars", "oscars_outer",
-              "oscars_bf16")
-OSCARS = ("oscars", "oscars_outer", "oscars_bf16")
+              "oscars_bf16", "oscars_int8", "oscars_int4")
+OSCARS = ("oscars", "oscars_outer", "oscars_bf16", "oscars_int8",
+          "oscars_int4")
 # Each profile's strategies by default: what the goals compare there, in
 # a full run of about 25 minutes on 2 cores.
 PROFILE_STRATEGIES = {
     "even": ("sync_tf", "oscars"),
-    "cpu_uneven": STRATEGIES,
+    "cpu_uneven": STRATEGIES[:5],  # compressed ones on request
     "slow_links": ("sync_tf", "oscars", "oscars_outer", "oscars_bf16"),
     "both": ("sync_tf", "oscars", "oscars_bf16")}
 TRAIN_ARGS = {s: accuracy_runs.STRATEGY_ARGS[s] for s in STRATEGIES}

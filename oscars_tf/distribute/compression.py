@@ -104,9 +104,10 @@ class CompressedRound:
     the bytes this member sent) as tensors."""
     everything = averaging.packed_bytes(values, self._averaging_dtype)
 
-    def exact():
+    def exact():  # alone: no collective, nothing sent
       return (self._exact.weighted_sum(values, part),
-              tf.constant(everything, tf.int64))
+              tf.where(part.group_size > 1, tf.constant(everything, tf.int64),
+                       tf.constant(0, tf.int64)))
 
     if not state.indices:  # no float32 variable: nothing to compress
       return exact()

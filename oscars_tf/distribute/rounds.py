@@ -190,7 +190,10 @@ class Rounds:
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
       if compression is None:
-        sent = averaging.packed_bytes(values, self._averaging_dtype)
+        # A member alone in its group meets no collective: sends nothing.
+        sent = tf.where(part.group_size > 1, tf.constant(
+            averaging.packed_bytes(values, self._averaging_dtype), tf.int64),
+                        tf.constant(0, tf.int64))
         averaged = self._averager.weighted_sum(values, part)
       else:
         averaged, sent = self._compressed.weighted_sum(values, part,
