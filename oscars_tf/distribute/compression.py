@@ -9,7 +9,9 @@ variables:
   agree on what their changes are changes from. It is state sound members
   share: a rejoining worker takes it at its round (rounds.py's `_share`),
   and that round averages exactly, since the newcomer's own reference is
-  stale until then. A member alone keeps its model and meets no one.
+  stale until then. A member alone keeps its model and meets no one. A
+  round that ends an epoch is exact too: the model evaluated, saved and
+  returned at an epoch's end is a true average, errors included.
 * `residual`: what rounding lost on this worker, sent again next time
   (error feedback). It is this worker's own; a poisoned worker (weight 0)
   sends nothing and keeps nothing.
@@ -87,7 +89,9 @@ class CompressedRound:
     compression: "int8" or "int4".
     exact: the averager of every other round and of the variables not
       compressed (`averagers.UnlessAlone(...)`): a member alone keeps its
-      values; a round with a rejoining worker is exact.
+      values; a round with a rejoining worker is exact, and so is a round
+      that ends an epoch (its model is evaluated, checkpointed, and the
+      last one is what `fit` returns: a true average).
     device, timeout, worker, watch: `compressed.CompressedSum`'s.
     averaging_dtype: the exact averager's, for its byte count.
   """
@@ -99,24 +103,25 @@ class CompressedRound:
     self._exact = exact
     self._averaging_dtype = averaging_dtype
 
-  def weighted_sum(self, values, part, state):
+  def weighted_sum(self, values, part, state, exact=False):
     """(`sum over the group of weight * values` in `values`' structure,
-    the bytes this member sent) as tensors."""
+    the bytes this member sent) as tensors; `exact` (a bool tensor, the
+    same on every member): this round is averaged exactly."""
     everything = averaging.packed_bytes(values, self._averaging_dtype)
 
-    def exact():  # alone: no collective, nothing sent
+    def exact_round():  # alone: no collective, nothing sent
       return (self._exact.weighted_sum(values, part),
               tf.where(part.group_size > 1, tf.constant(everything, tf.int64),
                        tf.constant(0, tf.int64)))
 
     if not state.indices:  # no float32 variable: nothing to compress
-      return exact()
+      return exact_round()
 
     def compressed_round():
       return self._compressed(values, part, state)
 
-    return tf.cond(part.rejoining | (part.group_size <= 1), exact,
-                   compressed_round)
+    return tf.cond(part.rejoining | (part.group_size <= 1) | exact,
+                   exact_round, compressed_round)
 
   def _compressed(self, values, part, state):
     reference = tf.identity(state.reference)

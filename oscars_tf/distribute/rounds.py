@@ -141,6 +141,11 @@ class Rounds:
             for v, d in zip(part, PART_DTYPES)]
 
   @py_function_errors.carried
+  def _on_ends_epoch(self):
+    # The round's plan, the same on every member (plans agree).
+    return np.bool_(self.book.plan.epoch_end)
+
+  @py_function_errors.carried
   def _on_averaged(self, table_vec, divergence, step, bytes_sent):
     k, scale = self.book.averaged(table_vec.numpy(), float(divergence),
                                   int(step), int(bytes_sent))
@@ -196,8 +201,10 @@ class Rounds:
                         tf.constant(0, tf.int64))
         averaged = self._averager.weighted_sum(values, part)
       else:
+        ends_epoch = tf.reshape(tf.py_function(self._on_ends_epoch, [],
+                                               tf.bool), [])
         averaged, sent = self._compressed.weighted_sum(values, part,
-                                                       compression)
+                                                       compression, ends_epoch)
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
     shared = []
