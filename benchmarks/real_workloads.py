@@ -51,7 +51,8 @@ from absl import flags
 import accuracy_runs  # benchmarks/accuracy_runs.py
 import lm_measures  # benchmarks/lm_measures.py
 
-PROFILES = ("even", "cpu_uneven", "slow_links", "both")
+PROFILES = ("even", "cpu_uneven", "slow_links", "both", "links_20mbit")
+DEFAULT_PROFILES = PROFILES[:4]  # links_20mbit on request
 STRATEGIES = ("sync_tf", "local_sgd", "oscars", "oscars_outer",
               "oscars_bf16", "oscars_int8", "oscars_int4")
 OSCARS = ("oscars", "oscars_outer", "oscars_bf16", "oscars_int8",
@@ -62,13 +63,15 @@ PROFILE_STRATEGIES = {
     "even": ("sync_tf", "oscars"),
     "cpu_uneven": STRATEGIES[:5],  # compressed ones on request
     "slow_links": ("sync_tf", "oscars", "oscars_outer", "oscars_bf16"),
-    "both": ("sync_tf", "oscars", "oscars_bf16")}
+    "both": ("sync_tf", "oscars", "oscars_bf16"),
+    "links_20mbit": ("oscars", "oscars_int8", "oscars_int4")}
 TRAIN_ARGS = {s: accuracy_runs.STRATEGY_ARGS[s] for s in STRATEGIES}
 
 flags.DEFINE_bool("quick", False, "A small run (cpu_uneven; sync_tf, "
                   "local_sgd with one period, oscars; fewer steps): under 3 "
                   "minutes.")
-flags.DEFINE_list("profiles", list(PROFILES), "EMULATED profiles.")
+flags.DEFINE_list("profiles", list(DEFAULT_PROFILES), "EMULATED profiles, "
+                  f"of {', '.join(PROFILES)}.")
 flags.DEFINE_list("strategies", [], "Strategies in every profile; empty: "
                   "each profile's default.")
 flags.DEFINE_list("periods", ["4", "16"], "local_sgd periods to sweep.")
