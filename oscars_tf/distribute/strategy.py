@@ -157,9 +157,11 @@ class OscarsStrategy(tf.distribute.Strategy):
       float32 sum per shard, an all-gather of the sums re-quantized, so
       every member still gets bit-identical values. Those collectives run
       on the host's CPU over gRPC, in place of NCCL, the host-by-host and
-      the shard-by-shard global sync. A round with a rejoining worker is
-      averaged exactly (it takes the reference the changes are measured
-      from). Not with `averaging_dtype`.
+      the shard-by-shard global sync. A round that ends an epoch is
+      averaged exactly (the model evaluated, saved and returned is a true
+      average), and so is a round with a rejoining worker (it takes the
+      reference the changes are measured from). Not with
+      `averaging_dtype`.
     join_timeout: seconds each worker waits at its start for every task of
       the cluster to start (default 120). Meanwhile it names the tasks not
       listening yet every 15 s; past it the process is ended (SIGKILL:
