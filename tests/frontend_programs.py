@@ -309,13 +309,8 @@ class _Cases:
       vectorize = keras.layers.TextVectorization(max_tokens=16,
                                                  output_sequence_length=3)
       vectorize.adapt(words)
-      text = keras.Sequential([
-          keras.Input((1,), dtype="string"), vectorize,
-          keras.layers.Embedding(16, 4),
-          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(CLASSES)])
-      text.compile(optimizer=keras.optimizers.SGD(0.05),
-                   loss=keras.losses.SparseCategoricalCrossentropy(
-                       from_logits=True))
+      text = self._bag_of_tokens(keras.Input((1,), dtype="string"),
+                                 vectorize, vocabulary=16)
     self.final = text
     data = self.tf.data.Dataset.from_tensor_slices((words, self.y))
     return text.fit(data.batch(BATCH), epochs=2, verbose=0, callbacks=cb)
@@ -345,15 +340,22 @@ class _Cases:
     data = tf.data.TextLineDataset(tf.data.Dataset.from_tensor_slices(
         paths)).map(record).padded_batch(BATCH)
     with self.strategy.scope():
-      text = keras.Sequential([
-          keras.Input((None,), dtype="int32"),
-          keras.layers.Embedding(128, 4),
-          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(CLASSES)])
-      text.compile(optimizer=keras.optimizers.SGD(0.05),
-                   loss=keras.losses.SparseCategoricalCrossentropy(
-                       from_logits=True))
+      text = self._bag_of_tokens(keras.Input((None,), dtype="int32"),
+                                 vocabulary=128)
     self.final = text
     return text.fit(data, epochs=2, verbose=0, callbacks=cb)
+
+  def _bag_of_tokens(self, *inputs, vocabulary):
+    """A compiled text classifier of its own: `inputs` (layers), an
+    embedding of `vocabulary` tokens, their average, the classes."""
+    keras = self.keras
+    text = keras.Sequential(list(inputs) + [
+        keras.layers.Embedding(vocabulary, 4),
+        keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(CLASSES)])
+    text.compile(optimizer=keras.optimizers.SGD(0.05),
+                 loss=keras.losses.SparseCategoricalCrossentropy(
+                     from_logits=True))
+    return text
 
   def _k3(self):
     return not self.keras.__name__.startswith("tf_keras")
