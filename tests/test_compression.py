@@ -145,17 +145,23 @@ def test_two_members_decode_the_same_sum_and_keep_what_rounding_lost(
 
 def test_a_compressed_round_averages_the_change_and_is_exact_when_asked():
   """The round: reference + the weighted changes; a weight-0 (poisoned)
-  member sends nothing and keeps no residual; a rejoining round and the
-  float64 variable are exact."""
+  member sends nothing and keeps no residual; a rejoining round, the
+  float64 variable and the non-trainable statistic (a variance near 0,
+  which rounding could turn negative) are exact."""
   rng = np.random.default_rng(2)
   start = [rng.standard_normal((40, 30)).astype(np.float32),
-           rng.standard_normal(7)]  # float64: averaged exactly
+           rng.standard_normal(7),  # float64: averaged exactly
+           np.abs(rng.standard_normal(64)).astype(np.float32) * 1e-4]
+  start[2][0] = 50.0  # one large variance beside tiny ones
   models = [[s + (0.01 * rng.standard_normal(s.shape)).astype(s.dtype)
              for s in start] for _ in range(2)]
+  models[0][2] = np.abs(models[0][2])
   models[1][0][0, 0] = np.nan  # replaced by zeros, as round_end_ops does
 
   def member(m, weights, rejoining):
-    state = compression.CompressionState([tf.constant(s) for s in start])
+    state = compression.CompressionState([tf.constant(s) for s in start],
+                                         trainable=[True, True, False])
+    assert state.indices == [0]
     state.residual.assign(tf.fill(state.residual.shape, [0.0, np.nan][m]))
     exact = averagers.UnlessAlone(averaging.GroupAverager(
         2, 9400, f"/device:CPU:{m}", "RING", 30.0))
@@ -172,6 +178,8 @@ def test_a_compressed_round_averages_the_change_and_is_exact_when_asked():
     for i in range(2):
       np.testing.assert_array_equal(out[0][0][i], out[1][0][i])
     np.testing.assert_array_equal(out[0][0][1], models[0][1])  # exact
+    np.testing.assert_array_equal(out[0][0][2], models[0][2])  # exact
+    assert (out[0][0][2] > 0).all()
     error = np.abs(out[0][0][0] - models[0][0]).max()
     change = np.abs(models[0][0] - start[0]).max()
     if rejoining:

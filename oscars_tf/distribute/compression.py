@@ -1,8 +1,8 @@
 """Compressed averaging's state and its round: what a worker sends is its
 change since the last global sync (runtime/compressed.py).
 
-Per averaged variable set, two flat float32 vectors of its float32
-variables:
+Per averaged variable set, two flat float32 vectors of its trainable
+float32 variables:
 
 * `reference`: the model the last global sync wrote (after the outer step,
   if any). Every sound member holds the same one, so a group's members
@@ -16,9 +16,12 @@ variables:
   (error feedback). It is this worker's own; a poisoned worker (weight 0)
   sends nothing and keeps nothing.
 
-Variables of other dtypes (float16, float64, integers) are averaged exactly
-beside them. Neither vector is saved: a restored job starts them again from
-the model every worker starts with (the chief's, broadcast).
+The rest is averaged exactly beside them: variables of other dtypes
+(float16, float64, integers), and statistics and optimizer slots, which
+must stay non-negative (BatchNormalization's moving variance, Adam's second
+moment): a rounding error on a value near 0 would make it negative.
+Neither vector is saved: a restored job starts them again from the model
+every worker starts with (the chief's, broadcast).
 """
 
 import numpy as np
@@ -37,10 +40,14 @@ class CompressionState:
   Args:
     values: the set's values now, the same on every worker (the first
       reference).
+    trainable: per value, whether it is a trainable weight (only those are
+      compressed); default all.
   """
 
-  def __init__(self, values):
-    self.indices = [i for i, v in enumerate(values) if v.dtype == tf.float32]
+  def __init__(self, values, trainable=None):
+    trainable = [True] * len(values) if trainable is None else trainable
+    self.indices = [i for i, (v, t) in enumerate(zip(values, trainable))
+                    if t and v.dtype == tf.float32]
     self._shapes = [values[i].shape for i in self.indices]
     flat = self.flat(values)
     self.reference = tf.Variable(flat, trainable=False,
@@ -74,8 +81,8 @@ class CompressionStates:
     self.compression = compression
     self._states = {}
 
-  def create(self, key, values):
-    self._states[key] = CompressionState(values)
+  def create(self, key, values, trainable=None):
+    self._states[key] = CompressionState(values, trainable)
     return self._states[key]
 
   def get(self, key):

@@ -181,7 +181,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
             handshake.broadcast_from_chief(outer.variables, outer.assign,
                                            role="shared")
         if self._compression.compression:  # from the model all start with
-          self._compression.create(key, started)
+          self._compression.create(key, started, outer_lib.takes_outer_step(
+              variables, self._averaged.model))
       self._book.mark_round_start()
 
   def _collective_or_timeout(self, fn, what):

@@ -149,7 +149,9 @@ class OscarsStrategy(tf.distribute.Strategy):
       TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
       with a warning.
     compression: None (default), "int8" or "int4": each averaging sends
-      the float32 weights' change since the last global sync instead of
+      the trainable float32 weights' change since the last global sync
+      (the rest goes exact: statistics and optimizer slots, which must stay
+      non-negative, and other dtypes) instead of
       the weights, quantized in blocks of 64 values with one float32
       scale each (int8: 1/3.8 of float32's bytes, int4: 1/7.1), with
       error feedback (what rounding loses is sent again next time). The
