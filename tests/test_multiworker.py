@@ -90,6 +90,9 @@ def test_compressed_averaging_with_a_slow_worker(uneven_float32,
   outs = result.outputs
   reference = uneven_float32.outputs[0]
   assert outs[0]["weights"] == outs[1]["weights"] == outs[2]["weights"]
+  # Every member planned every round alike (the plans' digests).
+  plans = [[(r["round"], r["plan"]) for r in out["rounds"]] for out in outs]
+  assert plans[0] == plans[1] == plans[2], plans
   size = len(outs[0]["weights"])  # every weight is float32
   for out in outs:
     stats, rounds = out["stats"], out["rounds"]
