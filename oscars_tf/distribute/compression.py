@@ -114,12 +114,10 @@ class CompressedRound:
     """(`sum over the group of weight * values` in `values`' structure,
     the bytes this member sent) as tensors; `exact` (a bool tensor, the
     same on every member): this round is averaged exactly."""
-    everything = averaging.packed_bytes(values, self._averaging_dtype)
-
-    def exact_round():  # alone: no collective, nothing sent
+    def exact_round():
       return (self._exact.weighted_sum(values, part),
-              tf.where(part.group_size > 1, tf.constant(everything, tf.int64),
-                       tf.constant(0, tf.int64)))
+              averaging.sent_bytes(values, part.group_size,
+                                   self._averaging_dtype))
 
     if not state.indices:  # no float32 variable: nothing to compress
       return exact_round()

@@ -81,22 +81,21 @@ class RoundEnds:
     key = averaged_variables.key_of(variables)
     starts = self._starts.get(key)
     outer = self._outer.get(key)
-    squeezed = self._compression.get(key) if self._compression else None
+    compressed_state = self._compression.get(key) if self._compression else None
 
     def write(values, is_global):
       if outer:  # at global syncs the averaged update takes an outer step
         values = tf.cond(is_global, lambda: outer.step(values),
                          lambda: [tf.identity(v) for v in values])
       written = replicas.write_values(variables, values, starts)
-      if squeezed:  # a global sync's model: the changes' new reference
+      if compressed_state:  # a global sync's model: the changes' new reference
         with tf.control_dependencies([written]):
-          written = tf.cond(
-              is_global, lambda: tf.group(squeezed.take_reference(values)),
-              tf.no_op)
+          written = tf.cond(is_global, lambda: tf.group(
+              compressed_state.take_reference(values)), tf.no_op)
       return written
 
     shared = (outer.variables if outer else []) + (
-        [squeezed.reference] if squeezed else [])
+        [compressed_state.reference] if compressed_state else [])
 
     return self._rounds.round_end_ops(
         step, loss,
@@ -104,4 +103,4 @@ class RoundEnds:
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
         reset_state=self._averaged.clear_nonfinite_slots,
-        shared_state=shared or None, compression=squeezed)
+        shared_state=shared or None, compression=compressed_state)

@@ -195,10 +195,8 @@ class Rounds:
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
       if compression is None:
-        # A member alone in its group meets no collective: sends nothing.
-        sent = tf.where(part.group_size > 1, tf.constant(
-            averaging.packed_bytes(values, self._averaging_dtype), tf.int64),
-                        tf.constant(0, tf.int64))
+        sent = averaging.sent_bytes(values, part.group_size,
+                                    self._averaging_dtype)
         averaged = self._averager.weighted_sum(values, part)
       else:
         ends_epoch = tf.reshape(tf.py_function(self._on_ends_epoch, [],

@@ -301,6 +301,15 @@ def packed_bytes(tensors, averaging_dtype=None):
              sent_dtype(t.dtype, averaging_dtype).size for t in tensors)
 
 
+def sent_bytes(tensors, group_size, averaging_dtype=None):
+  """What a member sends averaging `tensors` exactly in a group of
+  `group_size` (a tensor), as an int64 tensor: `packed_bytes`, or 0 for a
+  member alone, which meets no collective."""
+  return tf.where(group_size > 1, tf.constant(
+      packed_bytes(tensors, averaging_dtype), tf.int64),
+                  tf.constant(0, tf.int64))
+
+
 @contextlib.contextmanager
 def peer_errors_explained(what, worker, num_workers, timeout,
                           collectives_only=False):
