@@ -60,7 +60,7 @@ SLOW_MODULES = frozenset({
     "test_faults", "test_fit_end_together", "test_forkserver", "test_frontends",
     "test_frontends_keras3", "test_launch", "test_launch_emulated",
     "test_launch_ps", "test_multi_node", "test_multiworker", "test_netns",
-    "test_node_launchers", "test_observability",
+    "test_node_launchers", "test_observability", "test_overlap_multiworker",
     "test_poison", "test_random_faults", "test_recovery",
     "test_scale_sixteen", "test_tf_tutorials", "test_train"})
 

@@ -371,7 +371,8 @@ def main(params):
   strategy = oscars_tf.OscarsStrategy(
       schedule=schedule, collective_timeout=params.get("timeout", 60),
       straggler_timeout=params.get("straggler_timeout", 30),
-      compression=params.get("compression"))
+      compression=params.get("compression"),
+      overlap=bool(params.get("overlap")))
   me = strategy.worker_index
   frees = _IteratorFrees()
   cases = _Cases(keras, tf, strategy, params["outdir"])

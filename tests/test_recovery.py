@@ -84,20 +84,25 @@ def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
 # TensorFlow reports as UnknownError: the lost peer must still be seen).
 # Compressed averaging dies in its own collectives (an all-to-all, an
 # all-gather) and resumes the same way.
-@pytest.mark.parametrize("extra_args", [[], ["--steps_per_execution=4"],
-                                        ["--compression=int4"]],
-                         ids=["per_step", "steps_per_execution_4",
-                              "compressed_int4"])
+# With --overlap the held averaging is in flight: worker 0 goes on with the
+# next round's steps and meets the failure where it takes the average.
+_OVERLAP = ["--overlap", "--strategy=local_sgd", "--period=4"]
+
+
+@pytest.mark.parametrize("extra_args, hold", [
+    ([], 5), (["--steps_per_execution=4"], 5), (["--compression=int4"], 5),
+    (_OVERLAP, 14)], ids=["per_step", "steps_per_execution_4",
+                          "compressed_int4", "overlap_in_flight"])
 def test_a_death_inside_a_collective_resumes_from_the_survivors_state(
-    tmp_path, undisturbed, extra_args):
-  # Worker 1 stops itself at the entrance of its 5th averaging collective
-  # (in epoch 2 or 3), after worker 0 has entered the same collective; it is
-  # killed there. Worker 0's collective fails, it saves its round state and
-  # exits 75; the launcher restarts the job by itself (no --restarts).
+    tmp_path, undisturbed, extra_args, hold):
+  # Worker 1 stops itself at the entrance of its `hold`-th averaging
+  # collective (in epoch 2 or 3), after worker 0 has entered the same
+  # collective; it is killed there. Worker 0's collective fails, it saves
+  # its round state and exits 75; the launcher restarts the job by itself
+  # (no --restarts).
   ckpt, result = tmp_path / "ckpt", tmp_path / "result.json"
   markers = tmp_path / "markers"
   markers.mkdir()
-  hold = 5
   launcher = faults.launch(
       2, TRAIN_ARGS + extra_args + [f"--checkpoint_dir={ckpt}",
                                     f"--result_json={result}"],
@@ -124,6 +129,8 @@ def test_a_death_inside_a_collective_resumes_from_the_survivors_state(
   assert "worker 0: a peer is lost; saved this worker's model" in (
       first_attempt)
   assert "lost-peer restart 1 of 3" in err
+  if extra_args == _OVERLAP:
+    assert "failed in flight beside the next round's steps" in first_attempt
   assert err.count("restarting all") == 1
   final = json.loads(result.read_text())
   state = final["resumed_from"]

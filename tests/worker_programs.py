@@ -39,7 +39,8 @@ def _setup(params):
       outer_optimizer=(oscars_tf.schedules.OuterMomentum(**params["outer"])
                        if "outer" in params else None),
       averaging_dtype=_per_worker(params, "averaging_dtype"),
-      compression=_per_worker(params, "compression"))
+      compression=_per_worker(params, "compression"),
+      overlap=bool(_per_worker(params, "overlap")))
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.

@@ -87,6 +87,10 @@ flags.DEFINE_enum("compression", "none", ["none", "int8", "int4"],
                   "last global sync quantized to 8 or 4 bits, with error "
                   "feedback (see OscarsStrategy's compression); not with "
                   "--averaging_dtype.")
+flags.DEFINE_bool("overlap", False,
+                  "OscarsStrategy: run each averaging beside the next "
+                  "round's local steps, keeping their progress (see "
+                  "OscarsStrategy's overlap).")
 flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
                    "an averaging point before failing.", lower_bound=1e-3)
 flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
@@ -142,6 +146,15 @@ def _compression_is_oscars(values):
   return values["compression"] == "none" or (
       values["strategy"] in ("oscars", "local_sgd", "sync") and
       values["averaging_dtype"] == "float32")
+
+
+@flags.multi_flags_validator(
+    ["strategy", "overlap"],
+    message="--overlap applies to OscarsStrategy only (--strategy=oscars, "
+    "local_sgd or sync)")
+def _overlap_is_oscars(values):
+  return not values["overlap"] or values["strategy"] in (
+      "oscars", "local_sgd", "sync")
 
 
 def make_schedule(flag_values=FLAGS):
@@ -207,4 +220,5 @@ def make_strategy(flag_values=FLAGS):
       straggler_timeout=f.straggler_timeout, join_timeout=f.join_timeout,
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
       logdir=f.logdir, averaging_dtype=f.averaging_dtype,
-      compression=None if f.compression == "none" else f.compression)
+      compression=None if f.compression == "none" else f.compression,
+      overlap=f.overlap)

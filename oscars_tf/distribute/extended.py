@@ -70,6 +70,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._averaged = parts.averaged
     self._outer = parts.outer
     self._compression = parts.compression
+    self._overlap = args.overlap
     self._started_sets = set()    # variable sets already checked+broadcast
     self._round_state = None      # round_state.Keeper: saves on a lost peer
     self._last_variables = []
@@ -166,7 +167,8 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
         handshake.check_workers_agree(variables, startup.Settings(
             self._schedule, self._optimizer_state, self._communication,
             self._outer.optimizer, self._book.step_quantum,
-            self._averaging_dtype, self._compression.compression))
+            self._averaging_dtype, self._compression.compression,
+            self._overlap))
         handshake.broadcast_from_chief(
             replicas.read_values(variables, self._local_sgd),
             lambda values: replicas.write_values(variables, values))
@@ -235,6 +237,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     """"int8" or "int4" (the changes are sent compressed), or None."""
     return self._compression.compression
 
+  @property
+  def overlap(self):
+    """Whether averagings run beside the next round (overlap.py)."""
+    return self._overlap
+
   def set_steps_per_execution(self, steps):
     """Keras' steps per call: rounds then end with a call (see
     `plan_changes.quantized`). Every worker must use the same."""
@@ -244,9 +251,12 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     self._book.step_quantum = int(steps)
 
   def needs_sync(self):
-    """True when a step ran since the last averaging point (eager)."""
-    return self._averages() and (int(self._rounds.local_step.numpy()) !=
-                                 int(self._rounds.last_sync_step.numpy()))
+    """True when a step ran since the last averaging point, or an
+    averaging is in flight (eager)."""
+    return self._averages() and (
+        int(self._rounds.local_step.numpy()) !=
+        int(self._rounds.last_sync_step.numpy()) or
+        self._rounds.averaging_in_flight())
 
   def sync_now(self):
     """Ends the round now (eager). Every worker must call it together."""
@@ -256,11 +266,13 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     return needed
 
   def average_now(self):
-    """Ends the round now, whatever the plan said (eager)."""
+    """Ends the round now, whatever the plan said (eager); with overlap,
+    waits for its averaging: the model is an average when it returns."""
     end = self._ends.function(self._last_variables)
-    self._collective_or_timeout(
-        lambda: end(self._rounds.local_step.read_value(),
-                    tf.constant(np.nan, tf.float32)), "an averaging point")
+    with self._rounds.waiting():
+      self._collective_or_timeout(
+          lambda: end(self._rounds.local_step.read_value(),
+                      tf.constant(np.nan, tf.float32)), "an averaging point")
 
   def mark_round_start(self):
     self._book.mark_round_start()

@@ -83,15 +83,19 @@ class RoundEnds:
     outer = self._outer.get(key)
     compressed_state = self._compression.get(key) if self._compression else None
 
-    def write(values, is_global):
-      if outer:  # at global syncs the averaged update takes an outer step
+    def write(values, is_global, progress=None):
+      # G(avg): at global syncs the averaged update takes an outer step.
+      if outer:
         values = tf.cond(is_global, lambda: outer.step(values),
                          lambda: [tf.identity(v) for v in values])
+      model = values
+      if progress:  # overlap: the local steps taken while it was in flight
+        values = [v if p is None else v + p for v, p in zip(values, progress)]
       written = replicas.write_values(variables, values, starts)
       if compressed_state:  # a global sync's model: the changes' new reference
         with tf.control_dependencies([written]):
           written = tf.cond(is_global, lambda: tf.group(
-              compressed_state.take_reference(values)), tf.no_op)
+              compressed_state.take_reference(model)), tf.no_op)
       return written
 
     shared = (outer.variables if outer else []) + (
@@ -103,4 +107,4 @@ class RoundEnds:
         write_values=write,
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
         reset_state=self._averaged.clear_nonfinite_slots,
-        shared_state=shared or None, compression=compressed_state)
+        shared_state=shared or None, compression=compressed_state, key=key)

@@ -8,12 +8,15 @@ its group with those tensors (one op serves every group), and calls the
 book again to plan the next round.
 """
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf.distribute import compression as compression_lib
+from oscars_tf.distribute import overlap as overlap_lib
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
@@ -64,7 +67,7 @@ class Rounds:
 
   def __init__(self, book, host_device, averaging_device, communication,
                timeout, per_group_nccl=False, averaging_dtype=None,
-               compression=None, addresses=()):
+               compression=None, addresses=(), overlap=False):
     self.book = book
     self._averaging_dtype = averaging_dtype  # None: each tensor's own
     # The model's averager: the round's group ("auto" on GPUs: NCCL for a
@@ -87,6 +90,9 @@ class Rounds:
         averaging_dtype, watch=collective_watch.PeerWatch(
             lambda: [addresses[j] for j in book.round_peers()
                      if j != book.me])) if compression else None
+    # overlap=True: each averaging runs beside the next round's steps.
+    self._overlapped = (overlap_lib.OverlappedRoundEnd(self, self._average)
+                        if overlap else None)
     # State every sound member holds equal, sent to a rejoiner in its
     # group: exact, under its own instance keys.
     self._shared_averager = self._group_averager(
@@ -162,15 +168,54 @@ class Rounds:
         return self.local_step.assign_add(1)
     return self.local_step.assign_add(1)
 
+  def averaging_in_flight(self):
+    """Whether an overlapped averaging is in flight."""
+    return self._overlapped is not None and self._overlapped.busy()
+
+  def waiting(self):
+    """A context in which round ends wait for their averaging (overlap)."""
+    if self._overlapped is None:
+      return contextlib.nullcontext()
+    return self._overlapped.waiting()
+
+  def _average(self, values, part, exact, compression):
+    """(The group's weighted sum of `values`, the bytes this member sent);
+    `exact` (a bool tensor, the same on every member): not compressed."""
+    if compression is None:
+      return (self._averager.weighted_sum(values, part),
+              averaging.sent_bytes(values, part.group_size,
+                                   self._averaging_dtype))
+    return self._compressed.weighted_sum(values, part, compression, exact)
+
+  def share_if_rejoining(self, shared_state, part):
+    """At a round a worker rejoins in, every member of its group takes the
+    sound members' `shared_state`; all members share the decision, so all
+    take the same branch."""
+    if not shared_state:
+      return tf.no_op()
+    return tf.cond(part.rejoining & (part.group_size > 1),
+                   lambda: _share(shared_state, part, self._shared_averager),
+                   tf.no_op)
+
+  def count_round(self, next_sync, scale, step):
+    """The counters' updates once a round is averaged (or in flight)."""
+    return tf.group([self.next_sync.assign(tf.reshape(next_sync, [])),
+                     self.scale.assign(tf.reshape(scale, [])),
+                     self.last_sync_step.assign(step),
+                     self.syncs.assign_add(1)])
+
   def round_end_ops(self, step, loss, read_values, write_values, start=None,
-                    reset_state=None, shared_state=None, compression=None):
+                    reset_state=None, shared_state=None, compression=None,
+                    key=None):
     """Ops of an averaging point (see module docstring).
 
     Args:
       step: this worker's local step count (tensor).
       loss: a scalar loss to report, or NaN.
       read_values: () -> list of tensors, this worker's current values.
-      write_values: (list of tensors) -> op assigning the averaged values.
+      write_values: (averaged, is_global, progress=None) -> op assigning
+        the averaged values (G(avg) + progress, the local steps' change
+        while an overlapped averaging was in flight: overlap.py).
       start: for FedNova weighting, () -> list of round-start values.
       reset_state: () -> op, run on a poisoned worker after it took the
         group's model (e.g. clearing non-finite optimizer slots).
@@ -179,7 +224,11 @@ class Rounds:
         the sound members' values before `write_values`.
       compression: the set's `compression.CompressionState` when its
         changes are sent compressed, else None.
+      key: the set's key (`averaged_variables.key_of`).
     """
+    if self._overlapped is not None:
+      return self._overlapped.ops(key, step, loss, read_values, write_values,
+                                  reset_state, shared_state, compression)
     values = read_values()
     # Poison guard: a worker whose weights are not all finite says so in the
     # table; it then contributes zeros (NaN * 0 is NaN) with weight 0, the
@@ -194,28 +243,16 @@ class Rounds:
         values = [b + tf.cast(self.scale, v.dtype) * (v - b)
                   for v, b in zip(values, begin)]
       values = [tf.where(poisoned, tf.zeros_like(v), v) for v in values]
-      if compression is None:
-        sent = averaging.sent_bytes(values, part.group_size,
-                                    self._averaging_dtype)
-        averaged = self._averager.weighted_sum(values, part)
-      else:
-        ends_epoch = tf.reshape(tf.py_function(self._on_ends_epoch, [],
-                                               tf.bool), [])
-        averaged, sent = self._compressed.weighted_sum(values, part,
-                                                       compression, ends_epoch)
+      exact = (tf.reshape(tf.py_function(self._on_ends_epoch, [], tf.bool),
+                          []) if compression is not None else False)
+      averaged, sent = self._average(values, part, exact, compression)
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
                             _relative_distance(values, averaged))
-    shared = []
-    if shared_state:
-      # After the model's collective (every member launches them in the
-      # same order); all members share the decision, so all take the same
-      # branch.
-      with tf.control_dependencies(averaged):
-        shared = [tf.cond(
-            part.rejoining & (part.group_size > 1),
-            lambda: _share(shared_state, part, self._shared_averager),
-            tf.no_op)]
-    with tf.control_dependencies(shared):
+    # After the model's collective (every member launches them in the same
+    # order).
+    with tf.control_dependencies(averaged):
+      shared = self.share_if_rejoining(shared_state, part)
+    with tf.control_dependencies([shared]):
       written = write_values(averaged, part.is_global)
     if reset_state is not None:
       with tf.control_dependencies([written]):
@@ -224,11 +261,7 @@ class Rounds:
       next_sync, scale = tf.py_function(
           self._on_averaged, [part.table, divergence, step, sent],
           [tf.int64, tf.float32])
-    updates = [self.next_sync.assign(tf.reshape(next_sync, [])),
-               self.scale.assign(tf.reshape(scale, [])),
-               self.last_sync_step.assign(step),
-               self.syncs.assign_add(1)]
-    return tf.group(updates)
+    return self.count_round(next_sync, scale, step)
 
   def _arrive(self, step, loss, finite):
     """This worker's RoundPart of the round, as tensors (the round book's

@@ -28,13 +28,14 @@ class Settings:
   steps_per_execution: int
   averaging_dtype: object = None  # None or the tf.DType averagings send
   compression: object = None  # None, "int8" or "int4"
+  overlap: bool = False
 
 
 # Names of signature()'s numbers, in order, for the error message.
 _SIGNATURE_NAMES = ("variable count", "element count", "shapes/dtypes",
                     "schedule", "optimizer_state", "communication",
                     "outer_optimizer", "steps_per_execution",
-                    "averaging_dtype", "compression")
+                    "averaging_dtype", "compression", "overlap")
 
 
 def signature(variables, settings):
@@ -55,7 +56,9 @@ def signature(variables, settings):
           (settings.averaging_dtype.as_datatype_enum
            if settings.averaging_dtype is not None else 0),
           # Other collectives altogether: checked for the same reason.
-          {None: 0, "int8": 8, "int4": 4}[settings.compression]]
+          {None: 0, "int8": 8, "int4": 4}[settings.compression],
+          # When a model holds an exact average (epoch ends) differs.
+          int(bool(settings.overlap))]
 
 
 class Handshake:

@@ -14,6 +14,7 @@ from oscars_tf import cluster as cluster_lib
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
 from oscars_tf.distribute import compression as compression_lib
+from oscars_tf.distribute import overlap as overlap_lib
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import wiring
 from oscars_tf.distribute.extended import OscarsExtended
@@ -37,7 +38,7 @@ CREATION_HOOKS = []
 def _checked_arguments(schedule, optimizer_state, communication,
                        collective_timeout, local_replicas, simulate_step_time,
                        outer_optimizer, straggler_timeout, averaging_dtype,
-                       join_timeout, compression=None):
+                       join_timeout, compression=None, overlap=False):
   """`OscarsStrategy`'s arguments, checked in their order, with their
   defaults filled in: (the components' `wiring.Arguments`, join_timeout)."""
   schedule = schedules_lib.Adaptive() if schedule is None else schedule
@@ -76,6 +77,11 @@ def _checked_arguments(schedule, optimizer_state, communication,
           f"{OWNER}: `compression={compression!r}` sends the model's "
           "changes in its own integers; it takes no `averaging_dtype` "
           f"(got {averaging_dtype.name!r}): leave that at float32.")
+  if not isinstance(overlap, bool):
+    arguments.fail(OWNER, "overlap", "True or False", overlap)
+  if overlap and overlap_lib.refuse_with(schedule):
+    raise ValueError(f"{OWNER}: `overlap=True` cannot go with "
+                     f"{schedule!r}: {overlap_lib.refuse_with(schedule)}.")
   if simulate_step_time is None:
     simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
   profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
@@ -84,7 +90,8 @@ def _checked_arguments(schedule, optimizer_state, communication,
       local_replicas, straggler_timeout,
       simulate=profile if profile.active else None,
       outer_optimizer=outer_optimizer,
-      averaging_dtype=averaging_dtype, compression=compression), join_timeout
+      averaging_dtype=averaging_dtype, compression=compression,
+      overlap=overlap), join_timeout
 
 
 class OscarsStrategy(tf.distribute.Strategy):
@@ -164,6 +171,19 @@ class OscarsStrategy(tf.distribute.Strategy):
       average), and so is a round with a rejoining worker (it takes the
       reference the changes are measured from). Not with
       `averaging_dtype`.
+    overlap: False (default) or True: each averaging runs in a thread
+      beside the next round's local steps instead of stopping them. At its
+      next round end the worker takes the group's average and keeps what
+      it trained meanwhile, `w <- G(avg) + (w_now - w_sent)` (G: the outer
+      step at global syncs): the delayed outer update of overlapping
+      DiLoCo. It hides the network's time where a round's compute is
+      longer than its averaging; the price is that each average lands one
+      round late. The worker waits for its averaging where the model must
+      be an exact average: a round that ends an epoch, one a worker
+      rejoins in, one with a poisoned member. A peer that stalls while an
+      averaging with it is in flight holds its group at the next round end
+      (as inside a blocking averaging) rather than being dropped at
+      arrival. Not with FedNova's normalized weighting.
     join_timeout: seconds each worker waits at its start for every task of
       the cluster to start (default 120). Meanwhile it names the tasks not
       listening yet every 15 s; past it the process is ended (SIGKILL:
@@ -193,11 +213,12 @@ class OscarsStrategy(tf.distribute.Strategy):
                collective_timeout=300.0, local_replicas="mirrored",
                simulate_step_time=None, outer_optimizer=None, logdir=None,
                straggler_timeout=None, averaging_dtype=None,
-               join_timeout=120.0, compression=None):
+               join_timeout=120.0, compression=None, overlap=False):
     args, join_timeout = _checked_arguments(
         schedule, optimizer_state, communication, collective_timeout,
         local_replicas, simulate_step_time, outer_optimizer,
-        straggler_timeout, averaging_dtype, join_timeout, compression)
+        straggler_timeout, averaging_dtype, join_timeout, compression,
+        overlap)
     info = (cluster_lib.from_resolver(cluster_resolver) if cluster_resolver
             else cluster_lib.from_tf_config())
     if info.is_coordinator:
@@ -276,6 +297,11 @@ class OscarsStrategy(tf.distribute.Strategy):
     """"int8" or "int4" when averagings send the weights' changes
     compressed, else None."""
     return self.extended.compression
+
+  @property
+  def overlap(self):
+    """Whether each averaging runs beside the next round's local steps."""
+    return self.extended.overlap
 
   def track(self, model, optimizer=None):
     """Names what a custom training loop averages (Keras fit does it itself).

@@ -46,6 +46,7 @@ class Arguments:
   outer_optimizer: Optional[schedules_lib.OuterMomentum]
   averaging_dtype: Optional[tf.DType]  # as asked; None: each its own
   compression: Optional[str] = None  # "int8", "int4" or None (off)
+  overlap: bool = False              # averagings beside the next round
 
   @property
   def local_sgd(self):
@@ -132,7 +133,8 @@ def build(info, devices, args, averages: Callable[[], bool],
       book, a.host, a.device, a.communication, args.collective_timeout,
       per_group_nccl=a.per_group_nccl, averaging_dtype=a.dtype,
       compression=args.compression,
-      addresses=[address for _, _, address in info.workers])
+      addresses=[address for _, _, address in info.workers],
+      overlap=args.overlap)
   ends = round_ends.RoundEnds(
       rounds, averaged, outer, args.schedule, args.local_sgd,
       averages_across=info.is_multi_worker or args.local_sgd,

@@ -21,6 +21,7 @@ the epochs and data slices (epoch_book.py); the finished rounds go to
 round_history.py.
 """
 
+import dataclasses
 import math
 import time
 
@@ -208,6 +209,18 @@ class RoundBook:
       # the next epoch's first round, planned when that epoch begins.
       nxt = nxt._replace(next_sync=NO_SYNC)
     return nxt
+
+  def completed(self, round_, bytes_sent, waited, overlapped, divergence):
+    """Round `round_`'s overlapped averaging was taken (distribute/
+    overlap.py): after `waited` seconds of waiting for it, `overlapped`
+    seconds of it beside compute; `averaged` recorded the round at its
+    start. Its cost, bytes and divergence go to the clock, the record and
+    the next row."""
+    self.clock.taken(bytes_sent, waited)
+    self._last_divergence = divergence
+    self.history.amend(round_, lambda r: dataclasses.replace(
+        r, bytes_sent=bytes_sent, divergence=divergence,
+        comm_s=r.comm_s + waited, overlap_s=overlapped))
 
   def _tell_round(self, table, now):
     """The next round's plan to the observer, the log and (now and then)

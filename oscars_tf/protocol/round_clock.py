@@ -92,6 +92,17 @@ class RoundClock:
     self.totals["collectives"] += 1
     return wait, comm
 
+  def taken(self, bytes_sent, waited):
+    """An overlapped averaging was taken after `waited` seconds of waiting
+    for it, after the round's start: a cost of the averaging (the next row
+    reports it), not compute time."""
+    if self._round_start is not None:
+      self._round_start += waited
+    if not math.isnan(self.last_sync_cost):
+      self.last_sync_cost += waited
+    self.totals["comm_s"] += waited
+    self.totals["bytes_sent"] += bytes_sent
+
   def arrived_at(self, now):
     """The wall time (time.time()) of this round's arrival, `now` being
     time.monotonic()."""

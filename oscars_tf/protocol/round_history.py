@@ -48,6 +48,9 @@ class RoundRecord:
   rejoined: List[int]
   groups: Optional[List[List[int]]]
   planned_all: Optional[List[int]]  # every worker's k_i
+  # overlap=True: the seconds its averaging ran beside the next round's
+  # compute (0: the worker waited for it, or no overlap).
+  overlap_s: float = 0.0
 
   def as_dict(self):
     """The round as a dict, without the cluster lists let go. Its values
@@ -73,6 +76,18 @@ class RoundHistory(collections.deque):
     super().__init__(maxlen=HISTORY_KEEP)
     self.full_rounds = min(HISTORY_KEEP, max(
         100, HISTORY_CLUSTER_CELLS // (len(CLUSTER_FIELDS) * num_workers)))
+
+  def amend(self, round_, change):
+    """Replaces the record `r` of round `round_` by `change(r)` (an
+    overlapped averaging ends after its round was recorded); False if it
+    is no longer kept."""
+    for i in range(len(self) - 1, -1, -1):
+      if self[i].round == round_:
+        self[i] = change(self[i])
+        return True
+      if self[i].round < round_:
+        break
+    return False
 
   def add(self, record):
     self.append(record)

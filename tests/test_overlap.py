@@ -1,0 +1,128 @@
+"""Overlapped averaging's parts in one process: the averaging in flight,
+its book-keeping, the arguments (the multi-process tests:
+test_overlap_multiworker.py)."""
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import oscars_tf
+from oscars_tf.distribute import overlap
+from oscars_tf.distribute import startup
+from oscars_tf.protocol import round_clock
+from oscars_tf.protocol import round_history
+
+
+def test_the_averaging_runs_in_its_thread_and_is_taken_once():
+  release = threading.Event()
+  threads = []
+
+  def average(values, part, exact):
+    threads.append(threading.current_thread().name)
+    assert release.wait(10)
+    return [v * 2 for v in values], 12
+  flight = overlap.InFlight(average)
+  assert not flight.busy
+  flight.start([np.ones(3)], part="part", exact=False, round_=7,
+               is_global=True)
+  assert flight.busy and flight.round == 7 and flight.is_global
+  with pytest.raises(RuntimeError, match="already in flight"):
+    flight.start([np.ones(3)], "part", False, 8, False)
+  release.set()
+  averaged, sent_bytes, waited = flight.take()
+  assert threads == ["oscars-averaging-round-7"]
+  np.testing.assert_array_equal(averaged[0], 2 * np.ones(3))
+  assert sent_bytes == 12 and waited >= 0
+  assert not flight.busy
+  assert flight.finished >= flight.started
+
+
+def test_what_the_averaging_raises_is_raised_where_it_is_taken():
+  def average(values, part, exact):
+    raise tf.errors.UnavailableError(None, None, "peer gone")
+  flight = overlap.InFlight(average)
+  flight.start([np.ones(1)], "part", False, 3, False)
+  with pytest.raises(tf.errors.UnavailableError, match="peer gone"):
+    flight.take()
+  assert not flight.busy  # the next round can start another
+
+
+def test_the_divergence_is_measured_on_the_float_values():
+  sent = [np.array([3.0, 4.0], np.float32), np.array([5], np.int64)]
+  averaged = [np.array([0.0, 0.0], np.float32) + 1e-30,
+              np.array([9], np.int64)]
+  assert overlap._relative_distance(sent, averaged) > 1e10  # pylint: disable=protected-access
+  same = [np.array([3.0, 4.0], np.float32)]
+  assert overlap._relative_distance(same, same) == 0.0  # pylint: disable=protected-access
+
+
+def test_waiting_for_an_averaging_is_not_compute_time():
+  clock = round_clock.RoundClock(0)
+  clock.start()
+  start = clock._round_start  # pylint: disable=protected-access
+  clock.last_sync_cost = 0.25
+  clock.taken(bytes_sent=100, waited=1.5)
+  assert clock._round_start == pytest.approx(start + 1.5)  # pylint: disable=protected-access
+  assert clock.last_sync_cost == pytest.approx(1.75)
+  assert clock.totals["comm_s"] == pytest.approx(1.5)
+  assert clock.totals["bytes_sent"] == 100
+
+
+def _record(round_):
+  names = [f.name for f in dataclasses.fields(round_history.RoundRecord)]
+  values = dict.fromkeys(names, 0)
+  values.update(round=round_, comm_s=0.5, divergence=float("nan"))
+  return round_history.RoundRecord(**values)
+
+
+def test_a_round_taken_late_amends_its_record():
+  history = round_history.RoundHistory(2)
+  for r in range(3):
+    history.add(_record(r))
+  assert history.amend(1, lambda r: dataclasses.replace(
+      r, overlap_s=2.0, comm_s=r.comm_s + 1))
+  assert [h.overlap_s for h in history] == [0.0, 2.0, 0.0]
+  assert history[1].comm_s == 1.5
+  assert not history.amend(9, lambda r: r)
+
+
+def test_bad_overlap_arguments_are_clear_errors():
+  with pytest.raises(ValueError, match="`overlap` must be True or False"):
+    oscars_tf.OscarsStrategy(overlap="yes")
+  with pytest.raises(ValueError, match="normalized weighting"):
+    oscars_tf.OscarsStrategy(overlap=True, schedule=oscars_tf.schedules.
+                             Adaptive(weighting="normalized"))
+  assert oscars_tf.OscarsStrategy(overlap=True).overlap is True
+  assert oscars_tf.OscarsStrategy().overlap is False
+
+
+def test_the_start_up_check_covers_the_overlap():
+  settings = startup.Settings(oscars_tf.schedules.Fixed(4), "local", "RING",
+                              None, 1)
+  variables = [tf.Variable(tf.ones([3]))]
+  at = startup._SIGNATURE_NAMES.index("overlap")  # pylint: disable=protected-access
+  signatures = [startup.signature(variables, dataclasses.replace(
+      settings, overlap=o)) for o in (False, True)]
+  assert signatures[0][at] != signatures[1][at]
+  assert signatures[0][:at] == signatures[1][:at]
+
+
+def test_one_worker_with_local_sgd_replicas_trains_and_never_overlaps():
+  """A worker alone has no one to average with across workers: every
+  round end waits (its local replicas' mean is taken at once)."""
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=oscars_tf.schedules.Fixed(2), overlap=True,
+      devices=["CPU:0"], local_replicas="local_sgd")
+  import keras  # pylint: disable=g-import-not-at-top
+  x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+  y = x.sum(axis=1, keepdims=True)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  history = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+  assert history.history["loss"][-1] < history.history["loss"][0]
+  rounds = strategy.round_history
+  assert rounds and all(r["overlap_s"] == 0.0 for r in rounds)
