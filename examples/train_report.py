@@ -76,10 +76,11 @@ def result(flag_values, strategy, model, num_workers, initial_epoch,
       "final_members": list(getattr(strategy, "members",
                                     range(num_workers))),
       # The chief's rounds: when it arrived, its steps, its waits (for the
-      # decision; in the collective).
+      # decision; in the collective), its averaging beside compute.
       "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
                                     "planned_steps", "epoch_end", "wait_s",
-                                    "comm_s", "members")} for r in rounds],
+                                    "comm_s", "overlap_s", "members")}
+                 for r in rounds],
       "per_worker": [dict(zip(row, map(float, values))) for values in
                      np.reshape(per_worker, (num_workers, -1))],
       **extra}

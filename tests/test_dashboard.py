@@ -28,8 +28,10 @@ def test_a_small_window_is_exact_and_a_large_one_is_binned():
   exact = views.timeline(job, width=500)
   assert exact["mode"] == "exact" and exact["segments"] == 200
   assert [len(r) for r in exact["rows"]] == [50] * 4
-  first = exact["rows"][0][0]  # round, start, compute, wait, comm, group
+  # round, start, compute, wait, comm, group, in flight beside compute
+  first = exact["rows"][0][0]
   assert first[0] == 0 and first[1] == pytest.approx(0.0, abs=1e-6)
+  assert len(first) == 7 and first[6] == 0.0  # no overlap logged
   binned = views.timeline(job, width=500, max_segments=100)
   assert binned["mode"] == "binned" and "rows" not in binned
   shares = _shares(binned)

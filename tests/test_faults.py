@@ -299,3 +299,38 @@ def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
         f"the chief waited at most {slowest:.2f} s at a round "
         f"end after it (collective_timeout 60 s)")
   assert slowest < 10.0, after
+
+
+def test_with_overlap_a_worker_stalled_at_its_round_end_is_dropped_and_rejoins(
+    tmp_path):
+  # --overlap: a worker takes its averaging in flight before it arrives at
+  # the next round end, so a stall there is a stall at arrival: the chief
+  # drops it and it rejoins with the model as without overlap (a stall
+  # while an averaging with it is in flight holds its group instead, as
+  # inside a blocking averaging: docs/reliability.md).
+  ckpt, result, markers = tmp_path / "ckpt", tmp_path / "r.json", tmp_path
+  job = faults.launch(3, TRAIN_ARGS + [
+      "--epochs=8", "--overlap", "--strategy=local_sgd", "--period=4",
+      f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
+      ["--timeout=200"], env={fault_injection.ARRIVAL_ENV: f"12:2:{markers}"})
+  try:
+    arrived = markers / "arrival-12-w2"
+    faults.wait_for(lambda: arrived.exists() and arrived.read_text(), 150,
+                    "worker 2 held at a round end", job)
+    dropped = faults.appears(markers / "dropped-w2", 30, job)
+    os.kill(int(arrived.read_text()), signal.SIGCONT)
+    out, err = faults.finish(job, 200)
+  except BaseException:
+    faults.kill(job)
+    raise
+  if not dropped:
+    pytest.skip("worker 2 was not dropped (a peer still pulled the last "
+                "collective's data from it): the drop was not reached")
+  assert job.returncode == 0, err[-3000:]
+  final = json.loads(result.read_text())
+  events = final["membership"]
+  assert [e["dropped"] for e in events if e["dropped"]] == [[2]], events
+  assert [e["rejoined"] for e in events if e["rejoined"]] == [[2]], events
+  assert final["final_members"] == [0, 1, 2]
+  assert any(r["overlap_s"] > 0 for r in final["rounds"]), final["rounds"]
+  assert final["test_accuracy"] > 0.9, final["test_accuracy"]

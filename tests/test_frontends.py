@@ -34,8 +34,9 @@ def _tfk_cases():
 
 
 @pytest.fixture(scope="module", params=[
-    {"every": 0}, {"every": 3}, {"every": 0, "compression": "int4"}],
-                ids=["adaptive", "fixed3", "adaptive_int4"])
+    {"every": 0}, {"every": 3},
+    {"every": 3, "compression": "int4", "overlap": True}],
+                ids=["adaptive", "fixed3", "fixed3_int4_overlap"])
 def tf_keras_matrix(request):
   every = request.param["every"]
   cases = [c for c in _tfk_cases() if c not in _TFK_PROGRAM_GAPS]

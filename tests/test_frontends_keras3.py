@@ -30,13 +30,15 @@ def cases():
           if callable(fn) and not name.startswith("_") and name != "model"]
 
 
-# Adaptive (planned epochs), Fixed(every=3) (sharded epochs), and Adaptive
-# with compressed averaging.
-SCHEDULES = [{"every": 0}, {"every": 3}, {"every": 0, "compression": "int4"}]
+# Adaptive (planned epochs), Fixed(every=3) (sharded epochs), and
+# Fixed(every=3) with compressed averaging in flight beside the next round
+# (most rounds end before an epoch's last: compressed and overlapped).
+SCHEDULES = [{"every": 0}, {"every": 3},
+             {"every": 3, "compression": "int4", "overlap": True}]
 
 
 @pytest.fixture(scope="module", params=SCHEDULES,
-                ids=["adaptive", "fixed3", "adaptive_int4"])
+                ids=["adaptive", "fixed3", "fixed3_int4_overlap"])
 def matrix(request):
   result = multiworker.run(
       "keras3_matrix", WORKERS,

@@ -82,11 +82,11 @@ def test_a_round_taken_late_amends_its_record():
   history = round_history.RoundHistory(2)
   for r in range(3):
     history.add(_record(r))
-  assert history.amend(1, lambda r: dataclasses.replace(
+  amended = history.amend(1, lambda r: dataclasses.replace(
       r, overlap_s=2.0, comm_s=r.comm_s + 1))
+  assert amended is history[1] and amended.comm_s == 1.5
   assert [h.overlap_s for h in history] == [0.0, 2.0, 0.0]
-  assert history[1].comm_s == 1.5
-  assert not history.amend(9, lambda r: r)
+  assert history.amend(9, lambda r: r) is None
 
 
 def test_bad_overlap_arguments_are_clear_errors():
@@ -126,3 +126,41 @@ def test_one_worker_with_local_sgd_replicas_trains_and_never_overlaps():
   assert history.history["loss"][-1] < history.history["loss"][0]
   rounds = strategy.round_history
   assert rounds and all(r["overlap_s"] == 0.0 for r in rounds)
+
+
+def _overlapped_record(round_, arrived_at, overlap_s, take_wait_s):
+  return dataclasses.replace(
+      _record(round_), arrived_at=arrived_at, compute_s=1.0, wait_s=0.1,
+      comm_s=0.01, overlap_s=overlap_s, take_wait_s=take_wait_s, plan="p")
+
+
+def test_the_timeline_shows_the_averaging_beside_compute():
+  from oscars_tf.observability import summaries  # pylint: disable=g-import-not-at-top
+  history = [_overlapped_record(0, 100.0, 0.5, 0.2),
+             _overlapped_record(1, 101.5, 0.0, 0.3)]
+  events = summaries.trace_events(history, worker_index=3)
+  flying = [e for e in events if e["name"] == "averaging in flight"]
+  # Round 0's averaging started after its wait and start (comm_s) and ran
+  # 0.5 s beside compute plus the 0.2 s waited for it, on its own row.
+  assert len(flying) == 1 and flying[0]["pid"] == 1
+  assert flying[0]["tid"] == 3
+  assert flying[0]["ts"] == pytest.approx((100.0 + 0.11) * 1e6)
+  assert flying[0]["dur"] == pytest.approx(0.7e6)
+  waits = [e for e in events if e["name"] == "communicate" and e["pid"] == 0
+           and e["args"]["round"] == 0]
+  assert sorted(e["dur"] for e in waits) == pytest.approx([0.01e6, 0.2e6])
+  names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+  assert names == {"worker 3", "worker 3: averaging in flight"}
+
+
+def test_the_dashboard_draws_the_averaging_beside_compute():
+  import dashboard_helpers  # pylint: disable=g-import-not-at-top
+  from oscars_tf.observability.dashboard import views  # pylint: disable=g-import-not-at-top
+  job = dashboard_helpers.synthetic_job(2, 20)
+  flying = np.linspace(0.0, 0.19, 20)
+  job.workers[1].series["overlap_s"] = flying
+  rows = views.timeline(job, width=500)["rows"]
+  assert [r[6] for r in rows[0]] == [0.0] * 20
+  np.testing.assert_allclose([r[6] for r in rows[1]], flying, atol=1e-6)
+  charts = {c["id"]: c for c in views.charts(job, width=600)["charts"]}
+  assert [line["worker"] for line in charts["overlap_s"]["lines"]] == [1]

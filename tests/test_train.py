@@ -51,6 +51,7 @@ def _train(*flags, timeout=120):
      ["--compression", "--averaging_dtype=float32"]),
     ("--compression=int8 --strategy=mirrored",
      ["--compression", "OscarsStrategy only"]),
+    ("--overlap --strategy=mirrored", ["--overlap", "OscarsStrategy only"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(*flag.split(), timeout=60)

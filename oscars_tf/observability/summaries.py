@@ -19,9 +19,11 @@ Layout under a log directory:
                      groups (text), stragglers, and on the rounds they happen
                      oscars/events/{dropped,rejoined,poisoned}/worker_<j>
   timeline_worker_<i>.json   compute / wait / communicate spans (Chrome trace
-                     events); `python -m oscars_tf.observability.summaries
-                     merge DIR` joins them into DIR/timeline.json for
-                     Perfetto or chrome://tracing, one row per worker.
+                     events), and with overlap a second row per worker,
+                     its averagings in flight beside compute; `python -m
+                     oscars_tf.observability.summaries merge DIR` joins
+                     them into DIR/timeline.json for Perfetto or
+                     chrome://tracing, one row per worker (and row).
 """
 
 import glob
@@ -91,6 +93,17 @@ class RoundSummaries:
           "local_steps": record.planned_all,
           "global_sync": record.global_sync}))
 
+  def taken(self, record):
+    """Writes what an overlapped averaging's end adds to its round's
+    `record`: its bytes, divergence, seconds beside compute and waited."""
+    self._bytes += record.bytes_sent
+    with self.writer.as_default(step=record.round):
+      for name in ("divergence", "overlap_s", "take_wait_s"):
+        value = getattr(record, name)
+        if value == value:
+          tf.summary.scalar(f"oscars/{name}", float(value))
+      tf.summary.scalar("oscars/bytes_sent", float(self._bytes))
+
   def _round_context(self, record):
     """Where the round sits in time and training (the dashboard's timeline
     and event marks)."""
@@ -158,14 +171,32 @@ def trace_events(history, worker_index):
     spans = (("compute", arrive - r.compute_s * 1e6, r.compute_s),
              ("wait", arrive, r.wait_s),
              ("communicate", arrive + r.wait_s * 1e6, r.comm_s))
+    # overlap=True: the averaging ran on beside compute (its own row),
+    # then the worker waited for what was left of it.
+    launched = arrive + (r.wait_s + r.comm_s) * 1e6
+    if r.take_wait_s > 0:
+      spans += (("communicate", launched + r.overlap_s * 1e6,
+                 r.take_wait_s),)
     for name, start, seconds in spans:
-      events.append({"name": name, "ph": "X", "ts": start,
-                     "dur": seconds * 1e6, "pid": 0, "tid": worker_index,
-                     "args": {"round": r.round, "plan": r.plan}})
+      events.append(_span(name, start, seconds, worker_index, r))
+    if r.overlap_s > 0:
+      events.append(_span("averaging in flight", launched,
+                          r.overlap_s + r.take_wait_s, worker_index, r,
+                          pid=1))
   events.append({"name": "thread_name", "ph": "M", "pid": 0,
                  "tid": worker_index,
                  "args": {"name": f"worker {worker_index}"}})
+  events.append({"name": "thread_name", "ph": "M", "pid": 1,
+                 "tid": worker_index,
+                 "args": {"name": f"worker {worker_index}: averaging in "
+                                  "flight"}})
   return events
+
+
+def _span(name, start, seconds, worker_index, record, pid=0):
+  return {"name": name, "ph": "X", "ts": start, "dur": seconds * 1e6,
+          "pid": pid, "tid": worker_index,
+          "args": {"round": record.round, "plan": record.plan}}
 
 
 def write_timeline(logdir, history, worker_index):

@@ -214,13 +214,20 @@ class RoundBook:
     """Round `round_`'s overlapped averaging was taken (distribute/
     overlap.py): after `waited` seconds of waiting for it, `overlapped`
     seconds of it beside compute; `averaged` recorded the round at its
-    start. Its cost, bytes and divergence go to the clock, the record and
-    the next row."""
+    start (its comm_s: the start). Its cost, bytes and divergence go to the
+    clock, the record, the observer's `taken` and the next row."""
     self.clock.taken(bytes_sent, waited)
     self._last_divergence = divergence
-    self.history.amend(round_, lambda r: dataclasses.replace(
-        r, bytes_sent=bytes_sent, divergence=divergence,
-        comm_s=r.comm_s + waited, overlap_s=overlapped))
+    record = self.history.amend(round_, lambda r: dataclasses.replace(
+        r, bytes_sent=bytes_sent, divergence=divergence, overlap_s=overlapped,
+        take_wait_s=waited))
+    taken = getattr(self.observer, "taken", None)
+    if record is not None and taken is not None:
+      try:
+        taken(record)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("oscars_tf: summaries failed (training goes on): %s",
+                        e)
 
   def _tell_round(self, table, now):
     """The next round's plan to the observer, the log and (now and then)

@@ -48,9 +48,11 @@ class RoundRecord:
   rejoined: List[int]
   groups: Optional[List[List[int]]]
   planned_all: Optional[List[int]]  # every worker's k_i
-  # overlap=True: the seconds its averaging ran beside the next round's
-  # compute (0: the worker waited for it, or no overlap).
+  # overlap=True (distribute/overlap.py): the seconds its averaging ran
+  # beside the next round's compute, then those the worker waited for it
+  # where it took it (at the next round end, or at once: overlap_s 0).
   overlap_s: float = 0.0
+  take_wait_s: float = 0.0
 
   def as_dict(self):
     """The round as a dict, without the cluster lists let go. Its values
@@ -79,15 +81,15 @@ class RoundHistory(collections.deque):
 
   def amend(self, round_, change):
     """Replaces the record `r` of round `round_` by `change(r)` (an
-    overlapped averaging ends after its round was recorded); False if it
-    is no longer kept."""
+    overlapped averaging ends after its round was recorded) and returns
+    it; None if it is no longer kept."""
     for i in range(len(self) - 1, -1, -1):
       if self[i].round == round_:
         self[i] = change(self[i])
-        return True
+        return self[i]
       if self[i].round < round_:
         break
-    return False
+    return None
 
   def add(self, record):
     self.append(record)

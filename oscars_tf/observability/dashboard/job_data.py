@@ -31,7 +31,7 @@ CLUSTER_EVENT = re.compile(
 SPAN_TAGS = ("since_arrival_s", "compute_s", "wait_s", "comm_s", "group")
 SERIES_TAGS = ("rate", "time_budget", "period", "divergence", "loss",
                "epoch", "epoch_end", "global_sync", "local_steps",
-               "bytes_sent")
+               "bytes_sent", "overlap_s")
 WORKER_TAGS = SPAN_TAGS + SERIES_TAGS
 # Event kinds, in the order the legend lists them. The first three mark a
 # worker's row; the others are cluster-wide (a line across all rows).

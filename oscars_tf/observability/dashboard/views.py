@@ -5,14 +5,15 @@ Each function takes a `JobData` (job_data.py) and a time window `[t0, t1]`
 plain JSON-able dicts. A view never sends more than its screen can show:
 
 * `timeline`: each worker's rounds as compute / wait / communicate spans
-  while the window holds at most `max_segments` of them ("exact"); beyond,
+  (and, with overlap=True, each averaging in flight beside the next
+  round's compute: the rows' last column) while the window holds at most `max_segments` of them ("exact"); beyond,
   each worker's row is cut into `width` columns and each column carries the
   share of its time spent in each phase and the group of the round under
   its middle ("binned": 400 workers x 10,000 rounds become 400 x width
   cells). Events beyond `max_events` are binned per column too (one mark
   with a count).
 * `charts`: per-round series over wall time (step rate, `T`, period,
-  divergence, loss, the cluster's compute share), averaged per pixel
+  divergence, loss, averaging in flight, the cluster's compute share), averaged per pixel
   column where a line has more points than columns; past `MAX_LINES`
   workers a per-worker series becomes three lines over the workers
   (lowest, median, highest per column).
@@ -97,9 +98,13 @@ def timeline(job, t0=None, t1=None, width=1000, max_segments=MAX_SEGMENTS,
                             np.unique(w.group) if g >= 0})}
   if shown <= max_segments:
     view["mode"] = "exact"
+    # The last column: the seconds the round's averaging ran on beside
+    # the next round's compute after its end (overlap=True; else 0).
     view["rows"] = [np.round(np.stack([
         w.rounds[m], w.start[m], w.compute[m], w.wait[m], w.comm[m],
-        w.group[m]], axis=1), 6).tolist() for w, m in zip(job.workers, masks)]
+        w.group[m], np.nan_to_num(w.series.get(
+            "overlap_s", np.zeros(w.rounds.shape)))[m]], axis=1),
+        6).tolist() for w, m in zip(job.workers, masks)]
   else:
     view["mode"] = "binned"
     edges = np.linspace(t0, t1, width + 1)
@@ -193,6 +198,7 @@ CHARTS = (  # (id, title, per worker or cluster-wide)
     ("period", "period (steps of the fastest worker)", "cluster"),
     ("divergence", "divergence before averaging", "worker"),
     ("loss", "loss", "worker"),
+    ("overlap_s", "averaging in flight beside compute (s)", "worker"),
     ("utilization", "cluster utilization (compute share per round)",
      "cluster"),
 )

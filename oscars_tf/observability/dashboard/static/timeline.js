@@ -113,7 +113,19 @@ function exactSpans(view, colourBy, x, top, rowH) {
     const worker = view.workers[i];
     const y = top + i * rowH + (rowH > 4 ? 1 : 0);
     const h = Math.max(1, rowH - (rowH > 4 ? 2 : 0));
-    for (const [round, start, compute, wait, comm, group] of rows) {
+    for (const [round, start, compute, wait, comm, group, overlap] of rows) {
+      if (overlap > 0) {  // overlap=True: under the next round's compute
+        const x0 = x(start + compute + wait + comm);
+        g.append(svg('rect', {
+          class: 'seg overlap', x: x0.toFixed(2), y: y + h * 2 / 3,
+          width: Math.max(0.5, x(start + compute + wait + comm + overlap) -
+                          x0).toFixed(2),
+          height: Math.max(1, h / 3), fill: rgb(phaseColour('comm', group,
+                                                             colourBy)),
+          dataset: {worker, round, phase: 'overlap'}},
+        title(`worker ${worker} · round ${round} · group ${group}\n` +
+              `averaging in flight beside compute ${seconds(overlap)}`)));
+      }
       let at = start;
       [compute, wait, comm].forEach((dur, p) => {
         const phase = PHASES[p];
