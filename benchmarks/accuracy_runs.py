@@ -20,6 +20,9 @@ STRATEGY_ARGS = {
     "oscars_bf16": ["--strategy=oscars", "--averaging_dtype=bfloat16"],
     "oscars_int8": ["--strategy=oscars", "--compression=int8"],
     "oscars_int4": ["--strategy=oscars", "--compression=int4"],
+    "oscars_overlap": ["--strategy=oscars", "--overlap"],
+    "oscars_overlap_int4": ["--strategy=oscars", "--overlap",
+                            "--compression=int4"],
     "oscars_outer": ["--strategy=oscars", "--outer_momentum=0.5"],
     "oscars_rule_t": ["--strategy=oscars", "--min_utilization=0"]}
 
@@ -157,6 +160,15 @@ def speedup(fast, slow):
     return None
   return ((slow["time_to_target_s"] or slow["train_time_s"]) /
           fast["time_to_target_s"])
+
+
+def row_of(rows, profile, strategy, repeat):
+  """The chosen row of `strategy` in `profile`'s `repeat`; a strategy
+  named "PROFILE:STRATEGY" is that profile's (goals across profiles)."""
+  if ":" in strategy:
+    profile, strategy = strategy.split(":", 1)
+  return next((r for r in rows if (r["profile"], r["strategy"], r["repeat"])
+               == (profile, strategy, repeat) and r["chosen"]), None)
 
 
 def median_and_range(values):

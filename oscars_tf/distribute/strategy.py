@@ -156,34 +156,17 @@ class OscarsStrategy(tf.distribute.Strategy):
       TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
       with a warning.
     compression: None (default), "int8" or "int4": each averaging sends
-      the trainable float32 weights' change since the last global sync
-      (the rest goes exact: statistics and optimizer slots, which must stay
-      non-negative, and other dtypes) instead of
-      the weights, quantized in blocks of 64 values with one float32
-      scale each (int8: 1/3.8 of float32's bytes, int4: 1/7.1), with
-      error feedback (what rounding loses is sent again next time). The
-      sum is done in float32: an all-to-all of the quantized shards, a
-      float32 sum per shard, an all-gather of the sums re-quantized, so
-      every member still gets bit-identical values. Those collectives run
-      on the host's CPU over gRPC, in place of NCCL, the host-by-host and
-      the shard-by-shard global sync. A round that ends an epoch is
-      averaged exactly (the model evaluated, saved and returned is a true
-      average), and so is a round with a rejoining worker (it takes the
-      reference the changes are measured from). Not with
-      `averaging_dtype`.
-    overlap: False (default) or True: each averaging runs in a thread
-      beside the next round's local steps instead of stopping them. At its
-      next round end the worker takes the group's average and keeps what
-      it trained meanwhile, `w <- G(avg) + (w_now - w_sent)` (G: the outer
-      step at global syncs): the delayed outer update of overlapping
-      DiLoCo. It hides the network's time where a round's compute is
-      longer than its averaging; the price is that each average lands one
-      round late. The worker waits for its averaging where the model must
-      be an exact average: a round that ends an epoch, one a worker
-      rejoins in, one with a poisoned member. A peer that stalls while an
-      averaging with it is in flight holds its group at the next round end
-      (as inside a blocking averaging) rather than being dropped at
-      arrival. Not with FedNova's normalized weighting.
+      the trainable float32 weights' change since the last global sync,
+      quantized in blocks of 64 values with a float32 scale each (int8:
+      1/3.8 of float32's bytes, int4: 1/7.1), with error feedback, summed
+      in float32 (an all-to-all, then an all-gather, on the host's CPU), so
+      every member still gets bit-identical values. Rounds that end an
+      epoch or let a worker rejoin are exact. Not with `averaging_dtype`.
+      See docs/reference.md#compression.
+    overlap: False (default) or True: each averaging runs beside the next
+      round's local steps and is taken at its end keeping them, `w <-
+      G(avg) + (w_now - w_sent)`; epoch ends, rejoins, poisoned members
+      and `sync()` wait for it. See docs/reference.md#overlap.
     join_timeout: seconds each worker waits at its start for every task of
       the cluster to start (default 120). Meanwhile it names the tasks not
       listening yet every 15 s; past it the process is ended (SIGKILL:

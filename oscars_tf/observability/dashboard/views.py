@@ -6,17 +6,17 @@ plain JSON-able dicts. A view never sends more than its screen can show:
 
 * `timeline`: each worker's rounds as compute / wait / communicate spans
   (and, with overlap=True, each averaging in flight beside the next
-  round's compute: the rows' last column) while the window holds at most `max_segments` of them ("exact"); beyond,
-  each worker's row is cut into `width` columns and each column carries the
-  share of its time spent in each phase and the group of the round under
-  its middle ("binned": 400 workers x 10,000 rounds become 400 x width
-  cells). Events beyond `max_events` are binned per column too (one mark
-  with a count).
+  round's compute: the rows' last column) while the window holds at most
+  `max_segments` of them ("exact"); beyond, each worker's row is cut into
+  `width` columns and each column carries the share of its time spent in
+  each phase and the group of the round under its middle ("binned": 400
+  workers x 10,000 rounds become 400 x width cells). Events beyond
+  `max_events` are binned per column too (one mark with a count).
 * `charts`: per-round series over wall time (step rate, `T`, period,
-  divergence, loss, averaging in flight, the cluster's compute share), averaged per pixel
-  column where a line has more points than columns; past `MAX_LINES`
-  workers a per-worker series becomes three lines over the workers
-  (lowest, median, highest per column).
+  divergence, loss, averaging in flight, the cluster's compute share),
+  averaged per pixel column where a line has more points than columns;
+  past `MAX_LINES` workers a per-worker series becomes three lines over
+  the workers (lowest, median, highest per column).
 * `summary`: per-worker totals for the table, and a job's headline numbers
   for comparing jobs.
 """
