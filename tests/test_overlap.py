@@ -164,3 +164,11 @@ def test_the_dashboard_draws_the_averaging_beside_compute():
   np.testing.assert_allclose([r[6] for r in rows[1]], flying, atol=1e-6)
   charts = {c["id"]: c for c in views.charts(job, width=600)["charts"]}
   assert [line["worker"] for line in charts["overlap_s"]["lines"]] == [1]
+
+
+def test_a_job_without_overlap_has_no_overlap_chart():
+  import dashboard_helpers  # pylint: disable=g-import-not-at-top
+  from oscars_tf.observability.dashboard import views  # pylint: disable=g-import-not-at-top
+  charts = views.charts(dashboard_helpers.synthetic_job(2, 20))["charts"]
+  assert "overlap_s" not in [c["id"] for c in charts]
+  assert len(charts) == len(views.CHARTS) - 1

@@ -204,6 +204,10 @@ CHARTS = (  # (id, title, per worker or cluster-wide)
 )
 
 
+# Charts of what only some jobs log, left out of the others'.
+OPTIONAL_CHARTS = ("overlap_s",)
+
+
 def utilization(job):
   """(round end, sum of compute / sum of round time) per round, over the
   workers that logged the round."""
@@ -232,6 +236,8 @@ def charts(job, t0=None, t1=None, width=600):
       lines.append(dict(_line(x, y, t0, t1, width), worker=None))
     else:
       having = [w for w in job.workers if name in w.series]
+      if name in OPTIONAL_CHARTS and not having:
+        continue  # a job that never logs it (overlap off)
       if scope == "worker" and len(having) > MAX_LINES:
         lines = _band(having, name, t0, t1, width)
         having = []
