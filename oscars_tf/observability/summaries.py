@@ -8,7 +8,8 @@ Layout under a log directory:
   worker_<i>/        this worker's scalars (x axis: round): oscars/rate,
                      local_steps, time_budget, period, compute_s, wait_s,
                      comm_s, bytes_sent, divergence, loss, group (its lowest
-                     member), epoch, poisoned_workers, since_arrival_s
+                     member), epoch, poisoned_workers, with overlap=True
+                     overlap_s and take_wait_s (at the take), since_arrival_s
                      (seconds from the worker's arrival at the averaging
                      point to this write: the event's own float64 wall time
                      less it places the round in wall time, which a float32
