@@ -294,6 +294,12 @@ def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
   assert final["final_members"] == [0, 1]
   assert not any(2 in e["rejoined"] for e in final["membership"])
   after = [r for r in final["rounds"] if r["arrived_at"] > killed_at]
+  if not after:
+    # Under load training can end before any round after the death (a
+    # clean-clone CI run): nothing then waited for the dead worker.
+    print("\nkill -9 of worker 2 of 3 while it waited to rejoin: not let "
+          "in; training ended before a round after the kill")
+    return
   slowest = max(r["wait_s"] for r in after)
   print(f"\nkill -9 of worker 2 of 3 while it waited to rejoin: not let in; "
         f"the chief waited at most {slowest:.2f} s at a round "
