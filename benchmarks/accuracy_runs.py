@@ -13,7 +13,10 @@ import time
 
 # train.py's flags for each strategy the benchmarks compare.
 STRATEGY_ARGS = {
-    "sync_tf": ["--strategy=multi_worker_mirrored"],
+    # A heartbeat timeout of 10 s (TensorFlow's) fails MultiWorkerMirrored
+    # behind its all-reduce on 20 Mbit/s links; more changes no speed.
+    "sync_tf": ["--strategy=multi_worker_mirrored",
+                "--tf_heartbeat_timeout=300"],
     "ps": ["--strategy=parameter_server"],
     "local_sgd": ["--strategy=local_sgd"],
     "oscars": ["--strategy=oscars"],

@@ -52,6 +52,8 @@ def _train(*flags, timeout=120):
     ("--compression=int8 --strategy=mirrored",
      ["--compression", "OscarsStrategy only"]),
     ("--overlap --strategy=mirrored", ["--overlap", "OscarsStrategy only"]),
+    ("--tf_heartbeat_timeout=60", ["--tf_heartbeat_timeout",
+                                   "multi_worker_mirrored only"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(*flag.split(), timeout=60)
@@ -60,6 +62,35 @@ def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   for name in names:
     assert name in first, first
   assert "Traceback" not in proc.stderr
+
+
+_HEARTBEATS = """
+import json, os, sys
+from absl import flags
+from tensorflow.python.eager import context
+from oscars_tf.cli import flags as oscars_flags
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [
+    "localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}})
+flags.FLAGS(["prog", "--strategy=multi_worker_mirrored"] + sys.argv[1:])
+oscars_flags._configure_heartbeats(None, flags.FLAGS.tf_heartbeat_timeout)
+c = context.context().coordination_service
+print(json.dumps([c.heartbeat_timeout_in_ms, c.service_leader,
+                  [(j.name, j.num_tasks) for j in c.coordinated_job_list]]))
+"""
+
+
+def test_tf_heartbeat_timeout_configures_mwms_coordination_service():
+  # What MultiWorkerMirroredStrategy would configure itself, with the
+  # timeout; it keeps a service configured before it is built.
+  proc = subprocess.run(
+      [sys.executable, "-c", _HEARTBEATS, "--tf_heartbeat_timeout=90"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60,
+      env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  timeout_ms, leader, jobs = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert timeout_ms == 90000
+  assert leader == "/job:worker/replica:0/task:0"
+  assert jobs == [["worker", 2]]
 
 
 def test_mwms_with_keras_fit_is_refused_with_the_reason():

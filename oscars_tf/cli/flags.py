@@ -101,6 +101,12 @@ flags.DEFINE_float("join_timeout", 120.0, "Seconds each worker waits at its "
                    "start for every task of the cluster to start before it "
                    "is ended with an error naming the missing ones.",
                    lower_bound=1e-3)
+flags.DEFINE_float("tf_heartbeat_timeout", None,
+                   "--strategy=multi_worker_mirrored: seconds TensorFlow's "
+                   "coordination service waits for a task's heartbeat "
+                   "before it fails the job (default: TensorFlow's, 10 s; "
+                   "slow links need more).",
+                   lower_bound=1.0)
 flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
                    "momentum in [0, 1) on the averaged trainable weights at "
                    "global syncs (its state is in --checkpoint_dir's "
@@ -157,6 +163,15 @@ def _overlap_is_oscars(values):
       "oscars", "local_sgd", "sync")
 
 
+@flags.multi_flags_validator(
+    ["strategy", "tf_heartbeat_timeout"],
+    message="--tf_heartbeat_timeout applies to "
+    "--strategy=multi_worker_mirrored only")
+def _heartbeats_are_mirrored(values):
+  return (values["tf_heartbeat_timeout"] is None or
+          values["strategy"] == "multi_worker_mirrored")
+
+
 def make_schedule(flag_values=FLAGS):
   """The `oscars_tf.schedules.Schedule` the flags describe (Oscars kinds)."""
   f = flag_values
@@ -187,6 +202,29 @@ def make_resolver(flag_values=FLAGS):
   return cluster.slurm_resolver(port_base=flag_values.slurm_port)
 
 
+def _configure_heartbeats(resolver, seconds):
+  """The coordination service MultiWorkerMirroredStrategy would configure,
+  with `seconds` of heartbeat timeout (it keeps a service configured before
+  it: collective_all_reduce_strategy.py)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  resolver = resolver or (
+      tf.distribute.cluster_resolver.TFConfigClusterResolver())
+  spec = resolver.cluster_spec()
+  if not spec.jobs:
+    return  # one worker: no coordination service
+  context.context().configure_coordination_service(
+      service_type="standalone",
+      service_leader=multi_worker_util.coordination_leader(spec),
+      heartbeat_timeout_in_ms=int(seconds * 1000),
+      coordinated_jobs=[
+          coordination_config_pb2.CoordinatedJob(
+              name=job, num_tasks=spec.num_tasks(job))
+          for job in ("chief", "worker") if job in spec.jobs])
+
+
 def make_strategy(flag_values=FLAGS):
   """Builds the strategy the flags describe; call it before other TF ops."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -197,6 +235,8 @@ def make_strategy(flag_values=FLAGS):
   if f.strategy == "mirrored":
     return tf.distribute.MirroredStrategy()
   if f.strategy == "multi_worker_mirrored":
+    if f.tf_heartbeat_timeout is not None:
+      _configure_heartbeats(resolver, f.tf_heartbeat_timeout)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
   if f.strategy == "parameter_server":
     resolver = resolver or (
