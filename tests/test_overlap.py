@@ -14,6 +14,7 @@ from oscars_tf.distribute import overlap
 from oscars_tf.distribute import startup
 from oscars_tf.protocol import round_clock
 from oscars_tf.protocol import round_history
+from oscars_tf.runtime import averaging
 
 
 def test_the_averaging_runs_in_its_thread_and_is_taken_once():
@@ -51,12 +52,14 @@ def test_what_the_averaging_raises_is_raised_where_it_is_taken():
 
 
 def test_the_divergence_is_measured_on_the_float_values():
-  sent = [np.array([3.0, 4.0], np.float32), np.array([5], np.int64)]
-  averaged = [np.array([0.0, 0.0], np.float32) + 1e-30,
-              np.array([9], np.int64)]
-  assert overlap._relative_distance(sent, averaged) > 1e10  # pylint: disable=protected-access
-  same = [np.array([3.0, 4.0], np.float32)]
-  assert overlap._relative_distance(same, same) == 0.0  # pylint: disable=protected-access
+  sent = [tf.constant([3.0, 4.0]), tf.constant([5], tf.int64)]
+  averaged = [tf.constant([0.0, 0.0]) + 1e-30, tf.constant([9], tf.int64)]
+  assert float(averaging.relative_distance(sent, averaged)) > 1e10
+  same = [tf.constant([3.0, 4.0])]
+  assert float(averaging.relative_distance(same, same)) == 0.0
+  apart = [tf.constant([3.0, 4.0])], [tf.constant([0.0, 8.0])]
+  assert float(averaging.relative_distance(*apart)) == pytest.approx(
+      5.0 / 8.0)
 
 
 def test_waiting_for_an_averaging_is_not_compute_time():
@@ -126,6 +129,40 @@ def test_one_worker_with_local_sgd_replicas_trains_and_never_overlaps():
   assert history.history["loss"][-1] < history.history["loss"][0]
   rounds = strategy.round_history
   assert rounds and all(r["overlap_s"] == 0.0 for r in rounds)
+
+
+def test_the_averaging_is_traced_with_the_training_step_not_in_its_time():
+  """The background averaging function is traced when the training step
+  is (before a clock starts), once, and the round ends reuse it."""
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=oscars_tf.schedules.Fixed(2), overlap=True,
+      devices=["CPU:0"], local_replicas="local_sgd")
+  import keras  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.05)
+  x = tf.ones([8, 4])
+
+  @tf.function
+  def train_step():
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - 1.0))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.run(step)
+
+  train_step.get_concrete_function()  # traced, not run
+  flights = strategy.extended._rounds._overlapped._in_flight  # pylint: disable=protected-access
+  assert flights and all(
+      f.average.experimental_get_tracing_count() == 1
+      for f in flights.values())
+  for _ in range(6):
+    train_step()
+  assert len(strategy.round_history) >= 2
+  assert all(f.average.experimental_get_tracing_count() == 1
+             for f in flights.values())
 
 
 def _overlapped_record(round_, arrived_at, overlap_s, take_wait_s):

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from oscars_tf.protocol import round_parts
+from oscars_tf.runtime import averaging
 from oscars_tf.runtime import py_function_errors
 
 
@@ -48,14 +49,14 @@ class InFlight:
   at the next round end (plain Python around `average`, testable alone).
 
   Args:
-    average: (values, part, exact) -> (averaged, bytes sent); runs in the
-      averaging's thread.
+    average: (values, part, exact) -> (averaged, what else it measures);
+      runs in the averaging's thread.
   """
 
   def __init__(self, average):
-    self._average = average
+    self.average = average
     self._thread = None
-    self._outcome = None   # (averaged, bytes) or the exception raised
+    self._outcome = None   # what `average` returned, or the exception raised
     self.sent = None       # what the averaging in flight sends
     self.round = None      # its round
     self.is_global = False
@@ -79,14 +80,14 @@ class InFlight:
 
   def _run(self, values, part, exact):
     try:
-      self._outcome = self._average(values, part, exact)
+      self._outcome = self.average(values, part, exact)
     except BaseException as e:  # pylint: disable=broad-except
       self._outcome = e  # raised where the average is taken
     finally:
       self.finished = time.monotonic()
 
   def take(self):
-    """Waits for the averaging in flight: (averaged, bytes sent, seconds
+    """Waits for the averaging in flight: (averaged, its measures, seconds
     waited here); raises what the averaging raised."""
     waited = time.monotonic()
     self._thread.join()
@@ -110,6 +111,7 @@ class OverlappedRoundEnd:
     self._average = average
     self._in_flight = {}   # each averaged set's InFlight
     self._waiting = 0      # > 0: every round end waits (`waiting`)
+    self._prepared = set()  # the sets whose averaging is traced
 
   def busy(self):
     """Whether an averaging is in flight."""
@@ -129,12 +131,45 @@ class OverlappedRoundEnd:
 
   def _flight(self, key, compression):
     if key not in self._in_flight:
-      fn = tf.function(
-          lambda values, part, exact: self._average(values, part, exact,
-                                                    compression),
-          autograph=False)
-      self._in_flight[key] = InFlight(fn)
+      def average(values, part, exact):
+        averaged, sent_bytes = self._average(values, part, exact,
+                                             compression)
+        return averaged, (sent_bytes, averaging.relative_distance(
+            values, averaged))
+
+      self._in_flight[key] = InFlight(tf.function(average, autograph=False))
     return self._in_flight[key]
+
+  def _prepare(self, key, compression, templates):
+    """Traces and builds set `key`'s averaging function now, while the
+    training function is traced (before a clock starts), not at the first
+    round end, beside the steps. In a thread of its own: the averaging
+    threads' context (no graph, no device scope) is its cache key."""
+    if key in self._prepared:
+      return
+    fn = self._flight(key, compression).average
+    specs = ([tf.TensorSpec(t.shape, t.dtype) for t in templates],
+             self._rounds.part_spec(), tf.TensorSpec([], tf.bool))
+    failed = []
+
+    def trace():
+      try:
+        fn.get_concrete_function(*specs)
+        # Run once alone (no collective, no state changed), so the runtime
+        # builds the function's kernels now too, not beside the steps.
+        values, part, exact = tf.nest.map_structure(
+            lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
+        fn(values, part._replace(group_size=tf.constant(1)),
+           tf.constant(True))
+      except Exception as e:  # pylint: disable=broad-except
+        failed.append(e)  # raised here, on the thread that traces
+
+    thread = threading.Thread(target=trace, name="oscars-averaging-trace")
+    thread.start()
+    thread.join()
+    if failed:
+      raise failed[0]
+    self._prepared.add(key)
 
   def _take(self, key, templates, wait_only):
     """(taken?, is_global, averaged..., sent...) of set `key`'s averaging
@@ -142,10 +177,9 @@ class OverlappedRoundEnd:
     flight = self._in_flight.get(key)
     if flight is None or not flight.busy:
       # Nothing to write: empty placeholders, not two copies of the model.
-      empty = [np.zeros([0], t.dtype.as_numpy_dtype) for t in templates]
-      return [np.bool_(False), np.bool_(False)] + empty + empty
+      return [np.bool_(False), np.bool_(False)] + _empty(templates) * 2
     try:
-      averaged, sent_bytes, waited = flight.take()
+      averaged, (sent_bytes, divergence), waited = flight.take()
     except Exception as e:
       logging.warning(
           "oscars_tf: worker %d: the averaging of round %d failed %s: %s",
@@ -153,13 +187,14 @@ class OverlappedRoundEnd:
           "while it waited" if wait_only else
           "in flight beside the next round's steps", e)
       raise
-    averaged = [np.asarray(a) for a in averaged]
-    sent = [np.asarray(s) for s in flight.sent]
     overlapped = 0.0 if wait_only else max(
         0.0, flight.finished - flight.started - waited)
     self._book.completed(flight.round, int(sent_bytes), waited, overlapped,
-                         _relative_distance(sent, averaged))
-    return [np.bool_(True), np.bool_(flight.is_global)] + averaged + sent
+                         float(divergence))
+    # The tensors themselves (no copy); what was sent only where the
+    # worker went on (it waited: now = sent).
+    sent = _empty(templates) if wait_only else list(flight.sent)
+    return [np.bool_(True), np.bool_(flight.is_global)] + list(averaged) + sent
 
   def _start(self, key, compression, count, *args):
     values, rest = list(args[:count]), args[count:]
@@ -189,6 +224,7 @@ class OverlappedRoundEnd:
     `Rounds.round_end_ops`'."""
     rounds = self._rounds
     templates = read_values()
+    self._prepare(key, compression, templates)
     taken = self._apply(key, templates, read_values, write_values,
                         wait_only=False)
     with tf.control_dependencies([taken]):
@@ -238,9 +274,9 @@ class OverlappedRoundEnd:
     def write():  # shaped here: untaken, the values are empty
       averaged = [tf.reshape(a, t.shape) for a, t in zip(out[2:2 + n],
                                                          templates)]
-      sent = [tf.reshape(s, t.shape) for s, t in zip(out[2 + n:], templates)]
       if wait_only:
         return write_values(averaged, is_global)
+      sent = [tf.reshape(s, t.shape) for s, t in zip(out[2 + n:], templates)]
       now = read_values()
       progress = [n_ - s if t.dtype.is_floating else None
                   for n_, s, t in zip(now, sent, templates)]
@@ -249,16 +285,9 @@ class OverlappedRoundEnd:
     return tf.cond(has, write, tf.no_op)
 
 
-def _relative_distance(sent, averaged):
-  """|sent - averaged| / |averaged| over the float arrays (the round's
-  divergence, as rounds.py measures it)."""
-  num = den = 0.0
-  for s, a in zip(sent, averaged):
-    if np.issubdtype(a.dtype, np.floating):
-      a64 = a.astype(np.float64)
-      num += float(np.sum(np.square(s.astype(np.float64) - a64)))
-      den += float(np.sum(np.square(a64)))
-  return float(np.sqrt(num) / (np.sqrt(den) + 1e-12))
+def _empty(templates):
+  """Placeholders of `templates`' dtypes for a py_function's output."""
+  return [np.zeros([0], t.dtype.as_numpy_dtype) for t in templates]
 
 
 def refuse_with(schedule):

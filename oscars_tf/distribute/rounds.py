@@ -247,7 +247,7 @@ class Rounds:
                           []) if compression is not None else False)
       averaged, sent = self._average(values, part, exact, compression)
       divergence = tf.where(poisoned, tf.constant(np.nan, tf.float32),
-                            _relative_distance(values, averaged))
+                            averaging.relative_distance(values, averaged))
     # After the model's collective (every member launches them in the same
     # order).
     with tf.control_dependencies(averaged):
@@ -262,6 +262,12 @@ class Rounds:
           self._on_averaged, [part.table, divergence, step, sent],
           [tf.int64, tf.float32])
     return self.count_round(next_sync, scale, step)
+
+  def part_spec(self):
+    """The RoundPart of TensorSpecs `_arrive`'s tensors have."""
+    return round_parts.RoundPart(*[
+        tf.TensorSpec(_part_shape(name, self.book.n), dtype)
+        for name, dtype in zip(PART_DTYPES._fields, PART_DTYPES)])
 
   def _arrive(self, step, loss, finite):
     """This worker's RoundPart of the round, as tensors (the round book's
@@ -285,11 +291,3 @@ def _share(variables, part, averager):
   return tf.group([v.assign(a) for v, a in zip(
       variables, averager.weighted_sum(mine, part._replace(weight=weight)))])
 
-
-def _relative_distance(values, averaged):
-  """|values - averaged| / |averaged| over all tensors (float32)."""
-  num = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v - a, tf.float32)))
-                  for v, a in zip(values, averaged)])
-  den = tf.add_n([tf.reduce_sum(tf.square(tf.cast(a, tf.float32)))
-                  for a in averaged])
-  return tf.sqrt(num) / (tf.sqrt(den) + 1e-12)

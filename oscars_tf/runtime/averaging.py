@@ -310,6 +310,19 @@ def sent_bytes(tensors, group_size, averaging_dtype=None):
                   tf.constant(0, tf.int64))
 
 
+def relative_distance(values, averaged):
+  """|values - averaged| / |averaged| over the floating tensors (float32):
+  a round's divergence."""
+  pairs = [(v, a) for v, a in zip(values, averaged) if a.dtype.is_floating]
+  if not pairs:
+    return tf.constant(0.0)
+  num = tf.add_n([tf.reduce_sum(tf.square(tf.cast(v - a, tf.float32)))
+                  for v, a in pairs])
+  den = tf.add_n([tf.reduce_sum(tf.square(tf.cast(a, tf.float32)))
+                  for _, a in pairs])
+  return tf.sqrt(num) / (tf.sqrt(den) + 1e-12)
+
+
 @contextlib.contextmanager
 def peer_errors_explained(what, worker, num_workers, timeout,
                           collectives_only=False):
