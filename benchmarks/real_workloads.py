@@ -82,6 +82,8 @@ flags.DEFINE_list("strategies", [], "Strategies in every profile; empty: "
                   "each profile's default.")
 flags.DEFINE_list("periods", ["4", "16"], "local_sgd periods to sweep.")
 flags.DEFINE_integer("repeats", 1, "Runs of every job.", lower_bound=1)
+flags.DEFINE_integer("first_repeat", 0, "Index (and data seed) of the first "
+                     "repeat: more repeats of an earlier run.", lower_bound=0)
 flags.DEFINE_integer("num_workers", 4, "Workers per job.", lower_bound=2)
 flags.DEFINE_list("cpu_ratios", ["1", "1", "0.5", "0.25"], "cpu_uneven: "
                   "relative CPU limits, scaled to --cores.")
@@ -147,9 +149,14 @@ def run(profile, strategy, period, repeat, outdir):
       periods=lm_measures.period_histogram(result))
 
 
+def _repeats():
+  """The repeats' indices (each its data seed)."""
+  return range(FLAGS.first_repeat, FLAGS.first_repeat + FLAGS.repeats)
+
+
 def run_all(outdir):
   rows = []
-  for repeat in range(FLAGS.repeats):
+  for repeat in _repeats():
     for profile in FLAGS.profiles:
       tried = []
       for strategy in FLAGS.strategies or PROFILE_STRATEGIES[profile]:
@@ -230,7 +237,7 @@ def goals(rows):
   out = []
   for profile, a, b, fn, unit, goal, at_least in GOALS:
     values = []
-    for repeat in range(FLAGS.repeats):
+    for repeat in _repeats():
       x = _get(rows, profile, a, repeat)
       y = _get(rows, profile, b, repeat) if b else x
       if x is not None and y is not None:
@@ -255,7 +262,7 @@ def realized(rows):
              if profile in ("cpu_uneven", "both") else 1.0)
     ups = [_speedup(_get(rows, profile, "oscars", k),
                     _get(rows, profile, "sync_tf", k))
-           for k in range(FLAGS.repeats)]
+           for k in _repeats()]
     mid = accuracy_runs.median_and_range(ups)[0]
     out[profile] = {"speedup": mid, "ideal": ideal,
                     "fraction": None if mid is None else mid / ideal}
@@ -313,7 +320,8 @@ def plot(rows, path):
   for col, profile in enumerate(profiles):
     ax = axes[0][col]
     for r in rows:
-      if r["profile"] == profile and r["chosen"] and r["repeat"] == 0:
+      if (r["profile"], r["chosen"], r["repeat"]) == (
+          profile, True, FLAGS.first_repeat):
         t, v = zip(*r["curve"])
         ax.plot(t, v, marker="o", markersize=3, label=r["strategy"])
     target = next((r["target_bpb"] for r in rows if r["profile"] == profile
@@ -325,7 +333,7 @@ def plot(rows, path):
     ax.set_ylabel("validation bits per byte")
     ax.legend(fontsize=7)
   fig.suptitle(f"EMULATED: {FLAGS.num_workers} workers, transformer_lm on "
-               "stdlib_text (repeat 0)")
+               f"stdlib_text (repeat {FLAGS.first_repeat})")
   return accuracy_runs.save_figure(plt, fig, path, dpi=70)
 
 
@@ -356,7 +364,7 @@ def main(argv):
         "num_workers", "cpu_ratios", "cores", "bandwidth", "d_model", "epochs",
         "steps_per_epoch", "batch_size", "seq_len", "learning_rate",
         "eval_windows", "target_fraction", "profiles", "strategies",
-        "periods", "repeats", "quick")}
+        "periods", "repeats", "first_repeat", "quick")}
     config["cpu_limits"] = cpu_limits()
     with open(FLAGS.result_json, "w") as f:
       json.dump({"emulated": True, "config": config, "rows": rows,

@@ -79,7 +79,8 @@ def result(flag_values, strategy, model, num_workers, initial_epoch,
       # decision; in the collective), its averaging beside compute.
       "rounds": [{k: r[k] for k in ("round", "arrived_at", "local_steps",
                                     "planned_steps", "epoch_end", "wait_s",
-                                    "comm_s", "overlap_s", "members")}
+                                    "comm_s", "overlap_s", "take_wait_s",
+                                    "members")}
                  for r in rounds],
       "per_worker": [dict(zip(row, map(float, values))) for values in
                      np.reshape(per_worker, (num_workers, -1))],

@@ -213,8 +213,8 @@ def _configure_heartbeats(resolver, seconds):
   resolver = resolver or (
       tf.distribute.cluster_resolver.TFConfigClusterResolver())
   spec = resolver.cluster_spec()
-  if not spec.jobs:
-    return  # one worker: no coordination service
+  if not spec.jobs or resolver.task_type not in ("chief", "worker"):
+    return  # one worker, or a task MWMS configures no service for
   context.context().configure_coordination_service(
       service_type="standalone",
       service_leader=multi_worker_util.coordination_leader(spec),

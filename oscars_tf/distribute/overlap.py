@@ -157,8 +157,9 @@ class OverlappedRoundEnd:
         fn.get_concrete_function(*specs)
         # Run once alone (no collective, no state changed), so the runtime
         # builds the function's kernels now too, not beside the steps.
-        values, part, exact = tf.nest.map_structure(
-            lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
+        with tf.device("CPU:0"):  # where the py_function hands it values
+          values, part, exact = tf.nest.map_structure(
+              lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
         fn(values, part._replace(group_size=tf.constant(1)),
            tf.constant(True))
       except Exception as e:  # pylint: disable=broad-except
@@ -194,6 +195,7 @@ class OverlappedRoundEnd:
     # The tensors themselves (no copy); what was sent only where the
     # worker went on (it waited: now = sent).
     sent = _empty(templates) if wait_only else list(flight.sent)
+    flight.sent = None  # not held a round longer
     return [np.bool_(True), np.bool_(flight.is_global)] + list(averaged) + sent
 
   def _start(self, key, compression, count, *args):
