@@ -146,7 +146,8 @@ def run(profile, strategy, period, repeat, outdir):
       end_spread_s=result["end_spread_s"],
       exit_spread_s=result["exit_spread_s"], averagings=averagings,
       epoch_end_rounds=at_epoch_end,
-      periods=lm_measures.period_histogram(result))
+      periods=lm_measures.period_histogram(result),
+      rounds=result["rounds"])  # the chief's: steps, waits, costs
 
 
 def _repeats():

@@ -377,7 +377,7 @@ def main(params):
       schedule=schedule, collective_timeout=params.get("timeout", 150),
       straggler_timeout=params.get("straggler_timeout", 120),
       compression=params.get("compression"),
-      overlap=bool(params.get("overlap")))
+      overlap=params.get("overlap") or False)
   me = strategy.worker_index
   frees = _IteratorFrees()
   cases = _Cases(keras, tf, strategy, params["outdir"])

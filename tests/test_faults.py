@@ -309,14 +309,14 @@ def test_a_worker_killed_while_it_waits_to_rejoin_is_not_waited_for(
 
 def test_with_overlap_a_worker_stalled_at_its_round_end_is_dropped_and_rejoins(
     tmp_path):
-  # --overlap: a worker takes its averaging in flight before it arrives at
-  # the next round end, so a stall there is a stall at arrival: the chief
-  # drops it and it rejoins with the model as without overlap (a stall
-  # while an averaging with it is in flight holds its group instead, as
-  # inside a blocking averaging: docs/reliability.md).
+  # --overlap_always: a worker takes its averaging in flight before it
+  # arrives at the next round end, so a stall there is a stall at arrival:
+  # the chief drops it and it rejoins with the model as without overlap (a
+  # stall while an averaging with it is in flight holds its group instead,
+  # as inside a blocking averaging: docs/reliability.md).
   ckpt, result, markers = tmp_path / "ckpt", tmp_path / "r.json", tmp_path
   job = faults.launch(3, TRAIN_ARGS + [
-      "--epochs=8", "--overlap", "--strategy=local_sgd", "--period=4",
+      "--epochs=8", "--overlap_always", "--strategy=local_sgd", "--period=4",
       f"--checkpoint_dir={ckpt}", f"--result_json={result}"],
       ["--timeout=200"], env={fault_injection.ARRIVAL_ENV: f"12:2:{markers}"})
   try:

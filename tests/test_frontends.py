@@ -35,7 +35,7 @@ def _tfk_cases():
 
 @pytest.fixture(scope="module", params=[
     {"every": 0}, {"every": 3},
-    {"every": 3, "compression": "int4", "overlap": True}],
+    {"every": 3, "compression": "int4", "overlap": "always"}],
                 ids=["adaptive", "fixed3", "fixed3_int4_overlap"])
 def tf_keras_matrix(request):
   every = request.param["every"]

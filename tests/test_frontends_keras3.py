@@ -34,7 +34,7 @@ def cases():
 # Fixed(every=3) with compressed averaging in flight beside the next round
 # (most rounds end before an epoch's last: compressed and overlapped).
 SCHEDULES = [{"every": 0}, {"every": 3},
-             {"every": 3, "compression": "int4", "overlap": True}]
+             {"every": 3, "compression": "int4", "overlap": "always"}]
 
 
 @pytest.fixture(scope="module", params=SCHEDULES,

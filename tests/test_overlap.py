@@ -4,6 +4,7 @@ test_overlap_multiworker.py)."""
 
 import dataclasses
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import tensorflow as tf
 import oscars_tf
 from oscars_tf.distribute import overlap
 from oscars_tf.distribute import startup
+from oscars_tf.policy import overlap_rule
 from oscars_tf.protocol import round_clock
 from oscars_tf.protocol import round_history
 from oscars_tf.runtime import averaging
@@ -93,13 +95,82 @@ def test_a_round_taken_late_amends_its_record():
 
 
 def test_bad_overlap_arguments_are_clear_errors():
-  with pytest.raises(ValueError, match="`overlap` must be True or False"):
-    oscars_tf.OscarsStrategy(overlap="yes")
+  for bad in ("yes", 1, "Always"):
+    with pytest.raises(ValueError, match="`overlap` must be True, False or "
+                       "\"always\", got"):
+      oscars_tf.OscarsStrategy(overlap=bad)
   with pytest.raises(ValueError, match="normalized weighting"):
-    oscars_tf.OscarsStrategy(overlap=True, schedule=oscars_tf.schedules.
+    oscars_tf.OscarsStrategy(overlap="always", schedule=oscars_tf.schedules.
                              Adaptive(weighting="normalized"))
   assert oscars_tf.OscarsStrategy(overlap=True).overlap is True
+  assert oscars_tf.OscarsStrategy(overlap="always").overlap == "always"
   assert oscars_tf.OscarsStrategy().overlap is False
+
+
+def test_the_rule_waits_until_an_averaging_is_measured_and_while_cheap():
+  rule = overlap_rule.OverlapRule()
+  assert rule.cost_s is None and not rule.overlaps(10.0)
+  rule.measured(0.5)
+  assert rule.overlaps(4.9) and not rule.overlaps(5.0)
+  assert not rule.overlaps(100.0)
+
+
+def test_one_slow_averaging_does_not_turn_overlap_on_nor_one_fast_off():
+  rule = overlap_rule.OverlapRule(share=0.1)
+  for seconds in (0.01, 0.01, 2.0):  # a pause
+    rule.measured(seconds)
+  assert rule.cost_s == 0.01 and not rule.overlaps(1.0)
+  for seconds in (2.0, 2.0, 0.01):  # a slow network, one quick round
+    rule.measured(seconds)
+  assert rule.cost_s == 2.0 and rule.overlaps(1.0)
+  rule.measured(None)  # nothing measured: nothing changes
+  rule.measured(-1.0)
+  assert rule.cost_s == 2.0
+
+
+def test_always_overlaps_from_the_first_round():
+  rule = overlap_rule.OverlapRule(share=0)
+  assert rule.overlaps(1e9) and rule.overlaps(0.0)
+  for bad in (-0.1, 1.0):
+    with pytest.raises(ValueError, match="share"):
+      overlap_rule.OverlapRule(share=bad)
+
+
+class _Book:
+  """What an overlapped round end reads of the round book at an
+  averaging's start: a plain round of two members."""
+
+  def __init__(self, compute_s):
+    self.me, self.round, self.epoch_over = 0, 3, False
+    self.plan = types.SimpleNamespace(epoch_end=False,
+                                      group_of=lambda me: [0, 1])
+    self.exchange = types.SimpleNamespace(
+        poisoned=False, decision=types.SimpleNamespace(newcomers=()),
+        first_meeting=False)
+    self.clock = types.SimpleNamespace(arrival_compute=compute_s)
+
+  def averaged(self, table, divergence, step, bytes_sent):
+    return 8, 1.0
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_the_round_end_waits_for_a_cheap_averaging_unless_always(always):
+  book = _Book(compute_s=2.0)
+  end = overlap.OverlappedRoundEnd(types.SimpleNamespace(book=book),
+                                   average=None, always=always)
+  end._flight("weights", None)  # pylint: disable=protected-access
+  table = tf.zeros([4])
+
+  def waits():
+    return bool(end._planned("weights", table, tf.constant(9))[2])  # pylint: disable=protected-access
+  assert waits() is not always  # nothing measured yet
+  end._rules["weights"].measured(0.05)  # pylint: disable=protected-access
+  assert waits() is not always  # 2.5 % of the round
+  for _ in range(2):
+    end._rules["weights"].measured(0.5)  # pylint: disable=protected-access
+  assert not waits()  # 25 %: overlapped
+  book.plan.epoch_end = True  # an epoch end waits, always
+  assert waits()
 
 
 def test_the_start_up_check_covers_the_overlap():

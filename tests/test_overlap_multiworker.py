@@ -29,7 +29,7 @@ def test_every_local_step_survives_the_late_averages():
   steps, lr = 40, 1 / 64
   result = multiworker.run(
       "constant_gradient", 2, {"every": 4, "steps": steps, "lr": lr,
-                               "simulate": "4ms*1,4", "overlap": True},
+                               "simulate": "4ms*1,4", "overlap": "always"},
       program=_PROGRAM)
   outs = result.outputs
   expected = np.asarray(outs[0]["initial"]) - steps * lr
@@ -42,6 +42,28 @@ def test_every_local_step_survives_the_late_averages():
     assert all(r["overlap_s"] > 0 for r in rounds[:-1]), rounds
     assert rounds[-1]["overlap_s"] == 0.0
     assert all(r["bytes_sent"] == 64 * 4 for r in rounds), rounds
+  assert _plans(outs)[0] == _plans(outs)[1]
+
+
+def test_overlap_true_waits_for_averagings_that_cost_little():
+  """overlap=True where the network is free: an averaging of 64 floats on
+  loopback takes milliseconds against rounds of 4 SIMULATED 250 ms steps,
+  far under a tenth of a round, so every round end waits for its averaging
+  (no average is taken late) and the steps come out exact as well."""
+  steps, lr = 16, 1 / 64
+  result = multiworker.run(
+      "constant_gradient", 2, {"every": 4, "steps": steps, "lr": lr,
+                               "simulate": "250ms*1,1", "overlap": True},
+      program=_PROGRAM)
+  outs = result.outputs
+  expected = np.asarray(outs[0]["initial"]) - steps * lr
+  for out in outs:
+    np.testing.assert_allclose(out["weights"], expected, atol=1e-5)
+    rounds = out["rounds"]
+    # As blocking: the last round's end holds the average, and the sync
+    # at the end has nothing in flight to wait for (no round of its own).
+    assert len(rounds) == steps // 4, rounds
+    assert all(r["overlap_s"] == 0.0 for r in rounds), rounds
   assert _plans(outs)[0] == _plans(outs)[1]
 
 
@@ -59,7 +81,8 @@ def test_fit_with_a_slow_worker_ends_on_one_exact_average(uneven_blocking,
   member, epoch ends waited for (bit-identical models), the rounds between
   overlapped, the accuracy within the blocking run's range (0.84 to 0.87
   by seed)."""
-  result = multiworker.run("fit", 3, dict(_UNEVEN, overlap=True, **extra))
+  result = multiworker.run("fit", 3, dict(_UNEVEN, overlap="always",
+                                          **extra))
   outs = result.outputs
   assert outs[0]["weights"] == outs[1]["weights"] == outs[2]["weights"]
   plans = _plans(outs)
@@ -80,7 +103,7 @@ def test_outer_momentum_on_two_hosts():
   are host by host and across hosts, the global syncs take the outer step
   (G(avg) + the progress made meanwhile)."""
   result = multiworker.run(
-      "fit", 4, {"every": 3, "epochs": 4, "overlap": True,
+      "fit", 4, {"every": 3, "epochs": 4, "overlap": "always",
                  "outer": {"momentum": 0.5}, "simulate": "4ms*1,1,1,3"},
       hosts=["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"])
   outs = result.outputs

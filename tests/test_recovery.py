@@ -84,9 +84,10 @@ def test_a_death_restarts_the_job_and_training_resumes(tmp_path, victim,
 # TensorFlow reports as UnknownError: the lost peer must still be seen).
 # Compressed averaging dies in its own collectives (an all-to-all, an
 # all-gather) and resumes the same way.
-# With --overlap the held averaging is in flight: worker 0 goes on with the
-# next round's steps and meets the failure where it takes the average.
-_OVERLAP = ["--overlap", "--strategy=local_sgd", "--period=4"]
+# With --overlap_always the held averaging is in flight: worker 0 goes on
+# with the next round's steps and meets the failure where it takes the
+# average.
+_OVERLAP = ["--overlap_always", "--strategy=local_sgd", "--period=4"]
 
 
 @pytest.mark.parametrize("extra_args, hold", [

@@ -40,7 +40,7 @@ def _setup(params):
                        if "outer" in params else None),
       averaging_dtype=_per_worker(params, "averaging_dtype"),
       compression=_per_worker(params, "compression"),
-      overlap=bool(_per_worker(params, "overlap")))
+      overlap=_per_worker(params, "overlap") or False)
   import keras  # pylint: disable=g-import-not-at-top
   # Distinct seeds: workers start from different random weights, so equal
   # weights later prove the initial broadcast and the averaging.

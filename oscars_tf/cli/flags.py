@@ -88,9 +88,13 @@ flags.DEFINE_enum("compression", "none", ["none", "int8", "int4"],
                   "feedback (see OscarsStrategy's compression); not with "
                   "--averaging_dtype.")
 flags.DEFINE_bool("overlap", False,
-                  "OscarsStrategy: run each averaging beside the next "
-                  "round's local steps, keeping their progress (see "
+                  "OscarsStrategy: run each averaging that costs more than "
+                  "a tenth of a round's compute beside the next round's "
+                  "local steps, keeping their progress (see "
                   "OscarsStrategy's overlap).")
+flags.DEFINE_bool("overlap_always", False,
+                  "OscarsStrategy: --overlap for every averaging, the cheap "
+                  "ones too (overlap=\"always\").")
 flags.DEFINE_float("collective_timeout", 300.0, "Seconds to wait for peers at "
                    "an averaging point before failing.", lower_bound=1e-3)
 flags.DEFINE_float("straggler_timeout", None, "Seconds the chief waits at a "
@@ -155,12 +159,12 @@ def _compression_is_oscars(values):
 
 
 @flags.multi_flags_validator(
-    ["strategy", "overlap"],
-    message="--overlap applies to OscarsStrategy only (--strategy=oscars, "
-    "local_sgd or sync)")
+    ["strategy", "overlap", "overlap_always"],
+    message="--overlap and --overlap_always apply to OscarsStrategy only "
+    "(--strategy=oscars, local_sgd or sync)")
 def _overlap_is_oscars(values):
-  return not values["overlap"] or values["strategy"] in (
-      "oscars", "local_sgd", "sync")
+  return not (values["overlap"] or values["overlap_always"]) or values[
+      "strategy"] in ("oscars", "local_sgd", "sync")
 
 
 @flags.multi_flags_validator(
@@ -261,4 +265,4 @@ def make_strategy(flag_values=FLAGS):
       simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
       logdir=f.logdir, averaging_dtype=f.averaging_dtype,
       compression=None if f.compression == "none" else f.compression,
-      overlap=f.overlap)
+      overlap="always" if f.overlap_always else f.overlap)

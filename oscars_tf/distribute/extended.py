@@ -239,7 +239,7 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
 
   @property
   def overlap(self):
-    """Whether averagings run beside the next round (overlap.py)."""
+    """False, True or "always": averagings beside the next round."""
     return self._overlap
 
   def set_steps_per_execution(self, steps):

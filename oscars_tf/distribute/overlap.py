@@ -22,7 +22,10 @@ average) where the model must be one: a round that ends an epoch (its model
 is evaluated, checkpointed and returned by `fit`), a round a worker
 rejoins in (it takes the group's model and shared state), a round with a
 poisoned member (it takes the model and resets its optimizer), and a
-member alone (nothing to wait for).
+member alone (nothing to wait for). With `overlap=True` it also waits
+where the averaging is cheap, at most a tenth of the round's compute
+(policy/overlap_rule.py): there the late average would cost quality and
+hide next to nothing. `overlap="always"` never waits for that reason.
 
 Every member runs every averaging through the same function, so members
 that wait and members that go on meet in the same collectives. A peer
@@ -39,6 +42,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from oscars_tf.policy import overlap_rule
 from oscars_tf.protocol import round_parts
 from oscars_tf.runtime import averaging
 from oscars_tf.runtime import py_function_errors
@@ -62,6 +66,7 @@ class InFlight:
     self.is_global = False
     self.started = None    # time.monotonic() at its start
     self.finished = None   # ... at its end, in its thread
+    self.first_meeting = False  # its group's first: slower than the next
 
   @property
   def busy(self):
@@ -103,13 +108,16 @@ class OverlappedRoundEnd:
   """The graph side of an overlapped round end (see module docstring), for
   `rounds.Rounds`."""
 
-  def __init__(self, rounds, average):
+  def __init__(self, rounds, average, always=False):
     """`average(values, part, exact, compression)`: the graph ops of one
-    averaging, (averaged, bytes sent)."""
+    averaging, (averaged, bytes sent); `always`: overlap cheap averagings
+    too."""
     self._rounds = rounds
     self._book = rounds.book
     self._average = average
+    self._share = 0.0 if always else overlap_rule.DEFAULT_SHARE
     self._in_flight = {}   # each averaged set's InFlight
+    self._rules = {}       # ... and OverlapRule
     self._waiting = 0      # > 0: every round end waits (`waiting`)
     self._prepared = set()  # the sets whose averaging is traced
 
@@ -138,6 +146,7 @@ class OverlappedRoundEnd:
             values, averaged))
 
       self._in_flight[key] = InFlight(tf.function(average, autograph=False))
+      self._rules[key] = overlap_rule.OverlapRule(self._share)
     return self._in_flight[key]
 
   def _prepare(self, key, compression, templates):
@@ -190,6 +199,8 @@ class OverlappedRoundEnd:
       raise
     overlapped = 0.0 if wait_only else max(
         0.0, flight.finished - flight.started - waited)
+    if not flight.first_meeting:  # TensorFlow resolves the group first
+      self._rules[key].measured(flight.finished - flight.started)
     self._book.completed(flight.round, int(sent_bytes), waited, overlapped,
                          float(divergence))
     # The tensors themselves (no copy); what was sent only where the
@@ -201,12 +212,13 @@ class OverlappedRoundEnd:
   def _start(self, key, compression, count, *args):
     values, rest = list(args[:count]), args[count:]
     part = round_parts.RoundPart(*rest[:-1])
-    self._flight(key, compression).start(
-        values, part, rest[-1], self._book.round,
-        bool(part.is_global.numpy()))
+    flight = self._flight(key, compression)
+    flight.start(values, part, rest[-1], self._book.round,
+                 bool(part.is_global.numpy()))
+    flight.first_meeting = bool(self._book.exchange.first_meeting)
     return np.bool_(True)
 
-  def _planned(self, table_vec, step):
+  def _planned(self, key, table_vec, step):
     """The round's book-keeping at the averaging's start: the next round,
     and whether to wait for this averaging now."""
     book = self._book
@@ -214,7 +226,8 @@ class OverlappedRoundEnd:
     exchange = book.exchange
     waits = bool(self._waiting or ends_epoch or exchange.poisoned or
                  exchange.decision.newcomers or
-                 len(book.plan.group_of(book.me)) <= 1)
+                 len(book.plan.group_of(book.me)) <= 1 or
+                 not self._rules[key].overlaps(book.clock.arrival_compute))
     k, scale = book.averaged(table_vec.numpy(), np.nan, int(step), 0)
     return np.int64(k), np.float32(scale), np.bool_(waits or book.epoch_over)
 
@@ -245,7 +258,9 @@ class OverlappedRoundEnd:
           values + list(part) + [exact], tf.bool)
     with tf.control_dependencies([started]):
       next_sync, scale, waits = tf.py_function(
-          py_function_errors.carried(self._planned), [part.table, step],
+          py_function_errors.carried(
+              lambda table, step: self._planned(key, table, step)),
+          [part.table, step],
           [tf.int64, tf.float32, tf.bool])
 
     def wait_now():

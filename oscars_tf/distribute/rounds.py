@@ -90,9 +90,9 @@ class Rounds:
         averaging_dtype, watch=collective_watch.PeerWatch(
             lambda: [addresses[j] for j in book.round_peers()
                      if j != book.me])) if compression else None
-    # overlap=True: each averaging runs beside the next round's steps.
-    self._overlapped = (overlap_lib.OverlappedRoundEnd(self, self._average)
-                        if overlap else None)
+    # overlap=True/"always": averagings beside the next round's steps.
+    self._overlapped = (overlap_lib.OverlappedRoundEnd(
+        self, self._average, always=overlap == "always") if overlap else None)
     # State every sound member holds equal, sent to a rejoiner in its
     # group: exact, under its own instance keys.
     self._shared_averager = self._group_averager(

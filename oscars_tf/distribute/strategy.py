@@ -77,10 +77,10 @@ def _checked_arguments(schedule, optimizer_state, communication,
           f"{OWNER}: `compression={compression!r}` sends the model's "
           "changes in its own integers; it takes no `averaging_dtype` "
           f"(got {averaging_dtype.name!r}): leave that at float32.")
-  if not isinstance(overlap, bool):
-    arguments.fail(OWNER, "overlap", "True or False", overlap)
+  if not (isinstance(overlap, bool) or overlap == "always"):
+    arguments.fail(OWNER, "overlap", 'True, False or "always"', overlap)
   if overlap and overlap_lib.refuse_with(schedule):
-    raise ValueError(f"{OWNER}: `overlap=True` cannot go with "
+    raise ValueError(f"{OWNER}: `overlap={overlap!r}` cannot go with "
                      f"{schedule!r}: {overlap_lib.refuse_with(schedule)}.")
   if simulate_step_time is None:
     simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
@@ -123,11 +123,11 @@ class OscarsStrategy(tf.distribute.Strategy):
       averaging point before failing with `PeerTimeoutError` (default 300).
     straggler_timeout: seconds the chief waits at a round end for a worker
       that has not arrived before it drops it from the round (default 60,
-      or `collective_timeout` if that is shorter):
-      the others go on without a dead, stopped or cut-off worker, and a
-      stalled one rejoins with the current model when it is back. The
-      chief itself is never dropped: if it dies, the job stops with
-      `PeerTimeoutError` and `oscars-launch --restarts` resumes it.
+      or `collective_timeout` if shorter): the others go on without a
+      dead, stopped or cut-off worker, and a stalled one rejoins with the
+      current model when it is back. The chief itself is never dropped:
+      if it dies, the job stops with `PeerTimeoutError` and `oscars-launch
+      --restarts` resumes it.
     logdir: where each worker writes its round summaries for TensorBoard
       (`<logdir>/worker_<i>`, the chief's global view in `<logdir>/cluster`)
       and its timeline; default: the log_dir of a Keras TensorBoard callback
@@ -148,9 +148,9 @@ class OscarsStrategy(tf.distribute.Strategy):
       each partial sum is rounded to bfloat16's 8 significant bits
       (relative error 2**-9, about 0.2%, per rounding; float16: 11 bits,
       2**-12, but values beyond 65504 overflow), so a weight's change
-      smaller than that between two averagings can be lost. The
-      full weights are sent, not their change since the last average
-      (members need not share the last average: groups, rejoins).
+      smaller than that between two averagings can be lost. The full
+      weights are sent, not their change since the last average (members
+      need not share the last average: groups, rejoins).
       16-bit variables, integer variables, the initial broadcast and the
       outer optimizer's state are sent as they are. On GPUs (NCCL)
       TensorFlow 2.21 cannot reduce bfloat16: float16 is used instead,
@@ -163,16 +163,16 @@ class OscarsStrategy(tf.distribute.Strategy):
       every member still gets bit-identical values. Rounds that end an
       epoch or let a worker rejoin are exact. Not with `averaging_dtype`.
       See docs/reference.md#compression.
-    overlap: False (default) or True: each averaging runs beside the next
-      round's local steps and is taken at its end keeping them, `w <-
-      G(avg) + (w_now - w_sent)`; epoch ends, rejoins, poisoned members
-      and `sync()` wait for it. See docs/reference.md#overlap.
+    overlap: False (default), True or "always": averagings run beside the
+      next round's steps, taken at its end as `G(avg) + (w_now - w_sent)`.
+      Epoch ends, rejoins, poisoned members, `sync()` and (True, not
+      "always") averagings that cost at most a tenth of a round's compute
+      wait. See docs/reference.md#overlap.
     join_timeout: seconds each worker waits at its start for every task of
       the cluster to start (default 120). Meanwhile it names the tasks not
       listening yet every 15 s; past it the process is ended (SIGKILL:
       TensorFlow holds its main thread while it waits) with an error naming
-      them, instead of waiting forever for a mistyped address or a worker
-      that never started.
+      them, not waiting forever for a mistyped address or a lost worker.
     simulate_step_time: SIMULATED heterogeneity for tests and benchmarks, a
       spec such as "20ms*1,1,2,4" (see `oscars_tf.simulate`); default the
       `OSCARS_SIMULATE_STEP_TIME` environment variable (oscars-launch
@@ -283,7 +283,7 @@ class OscarsStrategy(tf.distribute.Strategy):
 
   @property
   def overlap(self):
-    """Whether each averaging runs beside the next round's local steps."""
+    """False, True or "always": the `overlap` it was built with."""
     return self.extended.overlap
 
   def track(self, model, optimizer=None):
