@@ -152,6 +152,25 @@ class _Book:
   def averaged(self, table, divergence, step, bytes_sent):
     return 8, 1.0
 
+  def completed(self, *args):
+    pass
+
+
+@pytest.mark.parametrize("sent_bytes, first_meeting, counted", [
+    (256, False, True), (0, False, False), (256, True, False)],
+                         ids=["sent", "alone", "first_meeting"])
+def test_what_an_averaging_costs_is_measured_where_it_says_something(
+    sent_bytes, first_meeting, counted):
+  end = overlap.OverlappedRoundEnd(types.SimpleNamespace(book=_Book(1.0)),
+                                   average=None)
+  flight = end._flight("weights", None)  # pylint: disable=protected-access
+  flight.average = lambda values, part, exact: (values, (sent_bytes, 0.0))
+  flight.start([tf.ones([2])], "part", False, 3, False)
+  flight.first_meeting = first_meeting
+  end._take("weights", [tf.ones([2])], wait_only=True)  # pylint: disable=protected-access
+  cost = end._rules["weights"].cost_s  # pylint: disable=protected-access
+  assert (cost is not None) is counted and not flight.busy
+
 
 @pytest.mark.parametrize("always", [False, True])
 def test_the_round_end_waits_for_a_cheap_averaging_unless_always(always):

@@ -199,7 +199,9 @@ class OverlappedRoundEnd:
       raise
     overlapped = 0.0 if wait_only else max(
         0.0, flight.finished - flight.started - waited)
-    if not flight.first_meeting:  # TensorFlow resolves the group first
+    # Its cost, unless it met its group for the first time (TensorFlow
+    # resolves the group then) or sent nothing (a member alone).
+    if not flight.first_meeting and sent_bytes > 0:
       self._rules[key].measured(flight.finished - flight.started)
     self._book.completed(flight.round, int(sent_bytes), waited, overlapped,
                          float(divergence))

@@ -18,8 +18,9 @@ An averaging that ran beside compute measures longer than it would alone
 costs about `share` may switch now and then, where the two choices cost
 about the same. With no measurement yet the worker waits: the first
 averagings measure the network without compute beside them. (The caller
-leaves out an averaging that met its group for the first time: TensorFlow
-resolves the group then, which says nothing of the next ones.)
+leaves out an averaging that met its group for the first time, TensorFlow
+resolves the group then, and one that sent nothing, a member alone in its
+group: neither says what the next ones cost.)
 """
 
 import collections
