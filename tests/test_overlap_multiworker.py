@@ -20,21 +20,29 @@ def _plans(outs):
   return [[(r["round"], r["plan"]) for r in out["rounds"]] for out in outs]
 
 
-def test_every_local_step_survives_the_late_averages():
-  """A gradient of 1 everywhere: after S steps of SGD each weight is
-  w0 - S * lr on every worker, however many averages landed a round late
-  (an average that dropped the steps taken while it was in flight, or
-  added them twice, misses by lr * 4 a round). Worker 1 SIMULATED 4x
-  slower."""
-  steps, lr = 40, 1 / 64
+def _constant_gradient(steps, simulate, overlap):
+  """2 workers, Fixed(every=4), a gradient of 1 everywhere: after S steps
+  of SGD each weight is w0 - S * lr on every worker, and the plans agree;
+  each worker's output."""
+  lr = 1 / 64
   result = multiworker.run(
       "constant_gradient", 2, {"every": 4, "steps": steps, "lr": lr,
-                               "simulate": "4ms*1,4", "overlap": "always"},
+                               "simulate": simulate, "overlap": overlap},
       program=_PROGRAM)
   outs = result.outputs
   expected = np.asarray(outs[0]["initial"]) - steps * lr
   for out in outs:
     np.testing.assert_allclose(out["weights"], expected, atol=1e-5)
+  assert _plans(outs)[0] == _plans(outs)[1]
+  return outs
+
+
+def test_every_local_step_survives_the_late_averages():
+  """However many averages landed a round late, every step counts (an
+  average that dropped the steps taken while it was in flight, or added
+  them twice, misses by lr * 4 a round). Worker 1 SIMULATED 4x slower."""
+  steps = 40
+  for out in _constant_gradient(steps, "4ms*1,4", "always"):
     rounds = out["rounds"]
     assert len(rounds) == steps // 4 + 1, rounds  # and strategy.sync()'s
     # Every round but the last ran beside the next one's steps; the sync
@@ -42,7 +50,6 @@ def test_every_local_step_survives_the_late_averages():
     assert all(r["overlap_s"] > 0 for r in rounds[:-1]), rounds
     assert rounds[-1]["overlap_s"] == 0.0
     assert all(r["bytes_sent"] == 64 * 4 for r in rounds), rounds
-  assert _plans(outs)[0] == _plans(outs)[1]
 
 
 def test_overlap_true_waits_for_averagings_that_cost_little():
@@ -50,21 +57,13 @@ def test_overlap_true_waits_for_averagings_that_cost_little():
   loopback takes milliseconds against rounds of 4 SIMULATED 250 ms steps,
   far under a tenth of a round, so every round end waits for its averaging
   (no average is taken late) and the steps come out exact as well."""
-  steps, lr = 16, 1 / 64
-  result = multiworker.run(
-      "constant_gradient", 2, {"every": 4, "steps": steps, "lr": lr,
-                               "simulate": "250ms*1,1", "overlap": True},
-      program=_PROGRAM)
-  outs = result.outputs
-  expected = np.asarray(outs[0]["initial"]) - steps * lr
-  for out in outs:
-    np.testing.assert_allclose(out["weights"], expected, atol=1e-5)
+  steps = 16
+  for out in _constant_gradient(steps, "250ms*1,1", True):
     rounds = out["rounds"]
     # As blocking: the last round's end holds the average, and the sync
     # at the end has nothing in flight to wait for (no round of its own).
     assert len(rounds) == steps // 4, rounds
     assert all(r["overlap_s"] == 0.0 for r in rounds), rounds
-  assert _plans(outs)[0] == _plans(outs)[1]
 
 
 @pytest.fixture(scope="module")

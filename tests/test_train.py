@@ -52,7 +52,7 @@ def _train(*flags, timeout=120):
     ("--compression=int8 --strategy=mirrored",
      ["--compression", "OscarsStrategy only"]),
     ("--overlap --strategy=mirrored", ["--overlap", "OscarsStrategy only"]),
-    ("--overlap_always --strategy=sync_tf",
+    ("--overlap_always --strategy=multi_worker_mirrored",
      ["--overlap_always", "OscarsStrategy only"]),
     ("--tf_heartbeat_timeout=60", ["--tf_heartbeat_timeout",
                                    "multi_worker_mirrored only"]),
