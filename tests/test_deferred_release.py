@@ -136,7 +136,10 @@ def test_tensorflows_lost_wake_up_blocks_a_deletion_but_not_release_or_exit():
   # fail if TensorFlow fixes it (then this module's reason is gone).
   assert float(times["direct"]) > 1.0, out
   assert float(times["released"]) < 0.5, out
-  assert exit_s < 1.5, (exit_s, out)  # the blocked deletion: ~1 s more
+  # The exit with a real blocked deletion pending: bounded loosely, as a
+  # loaded machine's TensorFlow teardown alone took 1.7 s in a CI run (the
+  # test above checks the exit against a 30 s block, exactly).
+  assert exit_s < 5.0, (exit_s, out)
 
 
 def test_keep_latest_holds_two_and_releases_older_ones_off_this_thread():
