@@ -86,7 +86,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish(tmp_path):
 # measured from, in an exact round).
 @pytest.mark.parametrize("loop, stall_s, epochs, min_rounds, extra", [
     ("fit", 30, 30, 10, []), ("custom", 10, 16, 4, []),
-    ("fit", 10, 16, 4, ["--compression=int4"])])
+    ("fit", 10, 16, 2, ["--compression=int4"])])  # slower rounds: 2+
 def test_a_stopped_worker_is_dropped_and_rejoins_with_the_model(
     tmp_path, loop, stall_s, epochs, min_rounds, extra):
   job = faults.launch(3, TRAIN_ARGS + extra + [
