@@ -143,6 +143,10 @@ class ForkServer:
       os.close(out_r)
       os.close(err_r)
       return None
+    # The kernel reuses pids: an earlier child's exit on this pid was sent
+    # (and read) before the reply, as it was reaped before the fork.
+    with self.exited:
+      self._codes.pop(reply["pid"], None)
     return ForkedProcess(self, reply["pid"], os.fdopen(out_r, "rb"),
                          os.fdopen(err_r, "rb"))
 

@@ -121,3 +121,32 @@ def test_what_a_fresh_process_would_do_otherwise_is_left_to_popen(server):
   # Read when TensorFlow is imported: the server's own value would win.
   assert s.spawn([sys.executable, script, "0"],
                  _env(TF_CPP_MIN_LOG_LEVEL="0")) is None
+
+
+def test_a_reused_pid_does_not_report_the_earlier_child_s_exit():
+  # The kernel reuses pids (pid_max is 32768 here, and each TensorFlow
+  # worker spends dozens on its threads): a child forked on the pid of one
+  # that already ended must not read that one's exit code as its own. A
+  # clean-clone CI run saw a still-running worker reported as exited.
+  import socket  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  client = object.__new__(forkserver.ForkServer)
+  mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  client._sock, client._codes = mine, {}
+  client._replies, client._lock = forkserver.queue.Queue(), threading.Lock()
+  client.exited, client.alive = threading.Condition(), True
+  client.env = {}
+  threading.Thread(target=client._read, daemon=True).start()
+  # What the server sends: the earlier child 4242 ended with 0, then the
+  # new request is forked on the same pid.
+  theirs.send(json.dumps({"exit": 4242, "code": 0}).encode())
+  theirs.send(json.dumps({"pid": 4242}).encode())
+  child = client.spawn([sys.executable, "script.py"], {})
+  assert child.pid == 4242
+  assert child.poll() is None
+  theirs.send(json.dumps({"exit": 4242, "code": 3}).encode())
+  assert child.wait(timeout=10) == 3
+  for f in (child.stdout, child.stderr):
+    f.close()
+  mine.close()
+  theirs.close()
