@@ -7,50 +7,56 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
+import forked_launch
 import multiworker
 from oscars_tf.tools import worker_netns
 
 TRAIN = str(pathlib.Path(__file__).resolve().parent.parent / "examples" /
             "train.py")
+# The fault tests' launcher (forked_launch.py) and where it records the
+# workers it forked (one directory per test process).
+FORKED_LAUNCH = str(pathlib.Path(__file__).with_name("forked_launch.py"))
+FORKED_DIR = tempfile.mkdtemp(prefix="oscars_forked_")
 
 
-def workers_of(marker):
-  """{task index: pid} of the live train.py processes whose argv has marker."""
-  found = {}
+def _train_processes():
+  """[(pid, argv, env)] of the live train.py processes: those started as
+  plain processes, from /proc, and those forked (forked_launch.py)."""
+  found = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().decode(errors="replace").split("\0")
+      if TRAIN not in argv:
+        continue
       with open(f"/proc/{pid}/environ", "rb") as f:
         env = dict(kv.split("=", 1) for kv in
                    f.read().decode(errors="replace").split("\0") if "=" in kv)
     except OSError:
       continue
-    if TRAIN in argv and any(marker in a for a in argv) and "TF_CONFIG" in env:
-      found[json.loads(env["TF_CONFIG"])["task"]["index"]] = int(pid)
-  return found
+    found.append((int(pid), argv, env))
+  return found + [p for p in forked_launch.forked(FORKED_DIR)
+                  if TRAIN in p[1]]
+
+
+def workers_of(marker):
+  """{task index: pid} of the live train.py processes whose argv has marker."""
+  return {json.loads(env["TF_CONFIG"])["task"]["index"]: pid
+          for pid, argv, env in _train_processes()
+          if any(marker in a for a in argv) and "TF_CONFIG" in env}
 
 
 def restarted(marker):
   """Whether a train.py process whose argv has marker belongs to a
   restarted attempt of its job (OSCARS_LAUNCH_ATTEMPT above 0)."""
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        argv = f.read().decode(errors="replace").split("\0")
-      with open(f"/proc/{pid}/environ", "rb") as f:
-        env = f.read().decode(errors="replace").split("\0")
-    except OSError:
-      continue
-    if (TRAIN in argv and any(marker in a for a in argv) and
-        any(kv.startswith("OSCARS_LAUNCH_ATTEMPT=") and kv[22:] != "0"
-            for kv in env)):
-      return True
-  return False
+  return any(any(marker in a for a in argv) and
+             env.get("OSCARS_LAUNCH_ATTEMPT", "0") != "0"
+             for _, argv, env in _train_processes())
 
 
 def appears(path, timeout, launcher):
@@ -83,12 +89,14 @@ def wait_for(predicate, timeout, what, launcher=None):
 def launch(num_workers, train_args, launcher_args=(), prefix=None, env=None):
   """Starts `oscars-launch ... -- python train.py ...`; returns the Popen.
   `env`: variables added to the job's environment."""
-  command = [sys.executable, "-m", "oscars_tf.cli.launch",
+  command = [sys.executable, FORKED_LAUNCH,
              f"--num_workers={num_workers}", "--grace_seconds=2",
              *launcher_args, "--", sys.executable, TRAIN, *train_args]
   return subprocess.Popen(command, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
-                          env=multiworker.worker_env(env),
+                          env=multiworker.worker_env(
+                              dict(env or {}, **{
+                                  forked_launch.FORKED_DIR: FORKED_DIR})),
                           start_new_session=True, cwd=prefix)
 
 
