@@ -32,7 +32,7 @@ import faults
 from oscars_tf.runtime import fault_injection
 
 KINDS = ["kill", "stop", "nan", "rejoin_kill", "save_kill", "launcher_kill"]
-RUNS = 7
+RUNS = len(KINDS)  # each kind once per seed; OSCARS_FAULT_SEED draws others
 WORKERS, EPOCHS = 3, 12
 STRAGGLER_S = 3
 SEED = int(os.environ.get("OSCARS_FAULT_SEED", "0"))
