@@ -88,7 +88,8 @@ class _Spawner:
 
 
 if __name__ == "__main__":
-  if not any(a.startswith("--network") for a in sys.argv[1:]):
+  own = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv
+  if not any(a.startswith("--network") for a in own):  # the launcher's own
     sys.argv.insert(1, "--network=host")
   launch_attempts.Job = functools.partial(worker_processes.Job,
                                           spawn=_Spawner())
