@@ -143,6 +143,34 @@ def test_two_members_decode_the_same_sum_and_keep_what_rounding_lost(
   assert out[0][2] == out[1][2] == compressed.bytes_of(length, 2, bits)
 
 
+def test_the_sum_is_traced_once_for_every_caller_of_one_length(monkeypatch):
+  """A training step and an epoch's last round both average: the compressed
+  sum's graph (a hundred-odd ops) is built once per vector length, not once
+  per function that calls it."""
+  built = collections.Counter()
+  real_quantize = quantize.quantize
+
+  def counted(x, bits, block=quantize.BLOCK):
+    built[threading.current_thread().name] += 1
+    return real_quantize(x, bits, block)
+  monkeypatch.setattr(quantize, "quantize", counted)
+  xs = [np.arange(200, dtype=np.float32) * (m + 1) for m in range(2)]
+
+  def member(m):
+    summer = compressed.CompressedSum(8, f"/device:CPU:{m}", 30.0, worker=m)
+    part = Part(tf.constant(2), tf.constant(9350))
+    callers = [tf.function(lambda x: summer.sum(x, part)),
+               tf.function(lambda x: summer.sum(x * 1.0, part))]
+    return [[t.numpy() for t in f(tf.constant(xs[m]))] for f in callers]
+  out = _together(member)
+  # Two quantizations a sum (the change, then the shard's sum), traced once.
+  assert sorted(built.values()) == [2, 2], built
+  for m in range(2):
+    for first, second in zip(*out[m]):
+      np.testing.assert_array_equal(first, second)
+  np.testing.assert_allclose(out[0][0][0], xs[0] + xs[1], rtol=0.02, atol=3)
+
+
 def test_a_compressed_round_averages_the_change_and_is_exact_when_asked():
   """The round: reference + the weighted changes; a weight-0 (poisoned)
   member sends nothing and keeps no residual; a rejoining round, the

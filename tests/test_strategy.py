@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import oscars_tf
+from oscars_tf.distribute import round_ends
 from oscars_tf.distribute import startup
 from oscars_tf.errors import ClusterConfigError
 
@@ -246,6 +247,29 @@ def test_local_sgd_among_local_replicas():
   assert strategy.stats()["syncs"] == 2
   with pytest.raises(ValueError, match="local_replicas"):
     oscars_tf.OscarsStrategy(local_replicas="async")
+
+
+def test_a_models_round_end_is_traced_once(monkeypatch):
+  """The training step's round end and the epoch's last round
+  (`average_now`) are one function: its graph is built once a model."""
+  traced = []
+  real_ops = round_ends.RoundEnds.ops
+
+  def counted(self, variables, step, loss):
+    traced.append(len(variables))
+    return real_ops(self, variables, step, loss)
+  monkeypatch.setattr(round_ends.RoundEnds, "ops", counted)
+  strategy = oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd",
+      schedule=oscars_tf.schedules.Fixed(every=4))
+  x, y = _data(96)
+  with strategy.scope():
+    model = _model()
+  # 6 steps an epoch: a round ends at step 4 in the step, and at step 6
+  # (the epoch's end) through `average_now`.
+  model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+  assert strategy.stats()["syncs"] == 4, strategy.stats()
+  assert len(traced) == 1, traced
 
 
 def _outer_momentum_strategy(**outer_momentum):

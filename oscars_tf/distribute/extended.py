@@ -269,7 +269,9 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
     """Ends the round now, whatever the plan said (eager); with overlap,
     waits for its averaging: the model is an average when it returns."""
     end = self._ends.function(self._last_variables)
-    with self._rounds.waiting():
+    # In the strategy's scope, as the training step that calls `end` too:
+    # the same context, so the same trace.
+    with self._container_strategy().scope(), self._rounds.waiting():
       self._collective_or_timeout(
           lambda: end(self._rounds.local_step.read_value(),
                       tf.constant(np.nan, tf.float32)), "an averaging point")

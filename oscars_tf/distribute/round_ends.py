@@ -62,17 +62,27 @@ class RoundEnds:
       # outside the loop's frame.
       end = py_function_errors.carried(self.function(variables))
       tf.cond(step >= self._rounds.next_sync,
-              lambda: tf.py_function(end, [step, loss], []), tf.no_op)
+              lambda: tf.py_function(end, [step, loss], tf.bool),
+              lambda: tf.constant(False))
       return
+    # The round end is a function of its own, called from here and from
+    # `average_now` (an epoch's last rounds): its graph, the largest part
+    # of a training step's, is traced once for both.
     tf.cond(step >= self._rounds.next_sync,
-            lambda: self.ops(variables, step, loss), tf.no_op)
+            # `step` is the step count's update (an unread variable): as a
+            # tensor, the argument `average_now` passes too.
+            lambda: self.function(variables)(tf.convert_to_tensor(step),
+                                             loss),
+            lambda: tf.constant(False))
 
   def function(self, variables):
-    """A function (step, loss) ending the round of `variables` (cached)."""
+    """A function (step, loss) ending the round of `variables` (cached);
+    it returns True once the round has ended."""
     key = averaged_variables.key_of(variables)
     if key not in self._functions:
       def end_round(step, loss):
-        self.ops(variables, step, loss)
+        with tf.control_dependencies([self.ops(variables, step, loss)]):
+          return tf.constant(True)
       self._functions[key] = tf.function(end_round, autograph=False)
     return self._functions[key]
 

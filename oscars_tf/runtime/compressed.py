@@ -59,14 +59,20 @@ class CompressedSum:
     self.timeout = float(timeout)
     self.worker = worker
     self._watch = watch
+    # One graph per vector length, shared by every function that averages
+    # (a training step, an epoch's last round, the next model of the same
+    # size): its hundred-odd ops are traced once, not once per caller.
+    self._sum_function = tf.function(self._sum, autograph=False)
 
   def sum(self, x, part):
     """(the group's sum of `x` as every member decodes it, what rounding
     lost on this member (to add to `x` next time), the bytes of this
     member's compressed vector); `part.group_size` and `part.group_key`
     name the group."""
+    return self._sum_function(x, part.group_size, part.group_key)
+
+  def _sum(self, x, size, group_key):
     length = int(x.shape[0])
-    size = part.group_size
     block = quantize.BLOCK
     with tf.device(self.device):
       # Shards of whole blocks: [size, shard].
@@ -80,8 +86,8 @@ class CompressedSum:
     with tf.control_dependencies(fault_injection.before_collective()):
       watching = self._watch_ops("start")
     with tf.control_dependencies(watching):
-      received = self._collective(collective_ops.all_to_all_v2, rows, part,
-                                  "compressed_spread", length)
+      received = self._collective(collective_ops.all_to_all_v2, rows, size,
+                                  group_key, "compressed_spread", length)
     with tf.control_dependencies([received]):
       watched = self._watch_ops("stop")
     with tf.device(self.device):
@@ -99,8 +105,8 @@ class CompressedSum:
                                           (size - 1 - rank) * shard]])
       sums = quantize.pack(q_sum[None], scales_sum[None], self.bits)[0]
     with tf.control_dependencies(watched):
-        gathered = self._collective(collective_ops.all_gather_v2, sums, part,
-                                  "compressed_gather", length)
+      gathered = self._collective(collective_ops.all_gather_v2, sums, size,
+                                  group_key, "compressed_gather", length)
     with tf.device(self.device):
       q_all, scales_all = quantize.unpack(tf.reshape(gathered, [size, -1]),
                                           shard, self.bits)
@@ -116,12 +122,12 @@ class CompressedSum:
     with tf.device(self.device):
       return [tf.py_function(getattr(self._watch, what), [], tf.int32)]
 
-  def _collective(self, op, value, part, role, length):
+  def _collective(self, op, value, size, group_key, role, length):
     with tf.device(self.device):
-      return op(value, group_size=part.group_size, group_key=part.group_key,
+      return op(value, group_size=size, group_key=group_key,
                 # The bits change the rows' shape: in the key too.
                 instance_key=averaging.instance_key_of_cut(
-                    role, 0, f"int{self.bits}", length, part.group_size),
+                    role, 0, f"int{self.bits}", length, size),
                 communication_hint="RING", timeout=self.timeout)
 
 
