@@ -294,6 +294,44 @@ _LOSE_ALONE_AFTER_A_DEATH = (
     "print('chief finished', flush=True)\n")
 
 
+# Worker 1's process is a wrapper whose own child dies by SIGKILL, and
+# which takes 1.5 s to die the same way: the survivor (worker 0) has exited
+# 75 by the time the launcher can see the death.
+_DEATH_SEEN_LATE = (
+    "import signal, subprocess\n"
+    "from oscars_tf import exit_notes\n"
+    "d = os.environ['DIR']\n"
+    "if i == 1:\n"
+    "  subprocess.run([sys.executable, '-c', 'import os; open(os.environ['\n"
+    "    + '\"DIR\"] + \"/victim\", \"w\").write(str(os.getpid())); '\n"
+    "    + 'os.kill(os.getpid(), 9)'])\n"
+    "  time.sleep(1.5)\n"
+    "  os.kill(os.getpid(), signal.SIGKILL)\n"
+    "end = time.monotonic() + 20\n"
+    "while not os.path.exists(f'{d}/victim') and time.monotonic() < end:\n"
+    "  time.sleep(0.02)\n"
+    "pid = int(open(f'{d}/victim').read())\n"
+    "while os.path.exists(f'/proc/{pid}') and time.monotonic() < end:\n"
+    "  time.sleep(0.02)\n"
+    "exit_notes.write([0, 1])\n"
+    "sys.exit(75)\n")
+
+
+def test_a_survivors_exit_75_seen_before_its_peers_death_is_a_lost_peer(
+    tmp_path, capsys):
+  # The launcher used to end the job on the chief's 75 at once, as a 75 of
+  # no death's, when the death came through a wrapper or a loaded machine a
+  # poll later; CI saw it (the job was stopped, not restarted).
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  job = worker_processes.Job(
+      [sys.executable, "-c", WORKER + _DEATH_SEEN_LATE], 2,
+      env=dict(os.environ, DIR=str(tmp_path), PYTHONPATH=root))
+  codes, failed = job.wait(timeout=60, grace=1, keep_going=True)
+  assert codes == [errors.PEER_LOST_EXIT_CODE, -signal.SIGKILL], (
+      codes, capsys.readouterr())
+  assert failed == 0 and job.lost_a_peer(failed), (failed, job.exited)
+
+
 def test_a_lone_exit_75_after_a_cleanly_dropped_death_is_a_lone_loss(
     tmp_path):
   # Issue 43: one earlier death made every later 75 look like its

@@ -28,6 +28,8 @@ from oscars_tf.tools.job_layout import task_name
 from oscars_tf.tools.job_layout import tf_configs
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Seconds a worker's exit 75 waits for the death that caused it to be seen.
+PEER_DEATH_WINDOW_S = 3.0
 
 
 def _prefix(kind, index):
@@ -244,6 +246,9 @@ class Job:
       for i, c in enumerate(codes):
         if c is not None:
           self.exit_times.setdefault(i, now)
+      if keep_going and self._death_may_follow(codes, now):
+        time.sleep(poll)
+        continue
       for i, c in sorted(enumerate(codes), key=lambda ic: (ic[1] or 0) >= 0):
         # Deaths first: a survivor of the dead worker's collective (75)
         # then ends the job, to be restarted with the chief (lost_a_peer),
@@ -300,12 +305,26 @@ class Job:
               "after the chief finished (stalled, or dropped and never "
               "back); killed it.", file=sys.stderr)
 
-  def _survivor_of_a_death(self, i):
+  def _death_may_follow(self, codes, now):
+    """Whether a worker's fresh exit 75 is not yet explained by a death
+    while others still run: the survivor of a collective may exit before
+    the launcher sees its dead peer's exit (through a wrapper process, or
+    on a loaded machine), and is classified once the death is seen, or
+    after PEER_DEATH_WINDOW_S as a 75 of its own."""
+    return None in codes and any(
+        c == PEER_LOST_EXIT_CODE and i not in self.lost and
+        now - self.exit_times[i] < PEER_DEATH_WINDOW_S and
+        not self._survivor_of_a_death(i, codes)
+        for i, c in enumerate(codes))
+
+  def _survivor_of_a_death(self, i, codes=None):
     """Whether task `i`'s exit 75 came from a collective with a worker
     killed by a signal (its note names the collective's members; without
     a note, assumed so). A 75 of its own, after a death the others
     dropped cleanly, is a lone loss."""
     dead = {self.tasks[j][1] for j, (c, _) in self.lost.items() if c < 0}
+    dead |= {self.tasks[j][1] for j, c in enumerate(codes or [])
+             if c is not None and c < 0 and self.tasks[j][0] == "worker"}
     if not dead:
       return False
     peers = exit_notes.read(self._notes, self.tasks[i][1])
