@@ -141,8 +141,13 @@ def test_speed_groups_average_inside_and_globally_every_few_rounds():
   # A constant period of 6 steps makes several rounds per epoch however
   # loaded the machine is: the period rule, weighing a costly averaging on
   # a loaded clean-clone CI run, made only 2 group rounds in 3 epochs.
+  # Speeds 1 : 1 : 1/3 : 1/4 (SIMULATED), not PROFILE's 1 : 1 : 1/2 :
+  # 1/4: with the other test stream's jobs on 2 cores, worker 1 once
+  # measured slower than worker 2 (20 ms a step apart) and was grouped
+  # with worker 3. Four epochs: every epoch's end is a global round, and
+  # three epochs made 3 group rounds at most.
   result = multiworker.run("fit", 4, dict(
-      COMMON, epochs=3, record=True,
+      COMMON, simulate="20ms*1,1,3,4", epochs=4, record=True,
       adaptive={"grouping": "speed", "max_group_size": 2, "global_every": 3,
                 "adaptive_global": False, "period_rule": "Constant",
                 "initial_period": 6}))
