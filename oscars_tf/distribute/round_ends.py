@@ -2,8 +2,10 @@
 model with the others" (the extended recognises the step, see extended.py).
 
 Per set of averaged variables it keeps the round end as a function of its
-own (run outside a tf.while_loop's frame) and, for FedNova's normalized
-weighting, the round's start values.
+own, which the training step calls (in a `tf.py_function` inside a
+tf.while_loop, outside the loop's frame) and so does `average_now`: one
+trace serves both. For FedNova's normalized weighting it keeps the round's
+start values.
 """
 
 import tensorflow as tf
