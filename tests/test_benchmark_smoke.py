@@ -181,3 +181,32 @@ def test_real_workloads_trains_the_language_model_and_reports_it(tmp_path):
   assert rows["sync_tf"]["time_to_target_s"] is not None
   assert any(g["goal"].startswith("even: oscars vs sync_tf")
              for g in result["goals"])
+
+
+STARTUP = BENCHMARK.parent / "model_startup.py"
+
+
+def test_model_startup_benchmark_times_fits_against_plain_keras(tmp_path):
+  """Two small fits a worker, plain Keras and int4 (2 workers over gRPC):
+  every fit timed, the later ones against plain Keras; a bad option is a
+  usage error before anything starts."""
+  out = tmp_path / "startup.json"
+  proc = subprocess.run(
+      [sys.executable, str(STARTUP), "--options=plain,int4", "--models=2",
+       "--steps=6", f"--result_json={out}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=300, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  assert "no heterogeneity" in proc.stdout, proc.stdout[-2000:]
+  result = json.loads(out.read_text())
+  plain, int4 = result["rows"]
+  assert (plain["option"], int4["option"]) == ("plain", "int4")
+  for row in (plain, int4):
+    assert len(row["fits_s"]) == 2 and min(row["fits_s"]) > 0, row
+    assert row["later_fit_median_s"] == row["fits_s"][1], row
+  assert plain["vs_plain"] == 1.0 and int4["vs_plain"] > 0, result
+  bad = subprocess.run(
+      [sys.executable, str(STARTUP), "--options=plain,int3"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=60, env=multiworker.worker_env(), check=False)
+  assert bad.returncode != 0 and "unknown ['int3']" in bad.stdout, bad.stdout
