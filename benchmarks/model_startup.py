@@ -16,13 +16,16 @@ workers, real processes over gRPC on loopback.
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app
 from absl import flags
+
+import accuracy_runs
+import job_log
+from oscars_tf.cli import launch
 
 # Name -> OscarsStrategy arguments; "plain" is Keras with no strategy.
 OPTIONS = {
@@ -36,7 +39,8 @@ OPTIONS = {
 
 flags.DEFINE_enum("role", "driver", ["driver", "worker"], "Internal.")
 flags.DEFINE_string("option", "plain", "Internal: the worker's option.")
-flags.DEFINE_string("out", None, "Internal: where a worker writes its JSON.")
+flags.DEFINE_string("out", None,
+                    "Internal: the directory a worker writes INDEX.json to.")
 flags.DEFINE_list("options", list(OPTIONS), "Options to compare.")
 flags.DEFINE_integer("workers", 2, "Worker processes per option.")
 flags.DEFINE_integer("models", 5, "Models each worker fits in turn.")
@@ -86,37 +90,28 @@ def worker():
       model = build()
     model.fit(x, y, batch_size=_BATCH, epochs=1, shuffle=False, verbose=0)
     fits.append(time.perf_counter() - start)
-  with open(FLAGS.out, "w") as f:
+  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  with open(os.path.join(FLAGS.out, f"{index}.json"), "w") as f:
     json.dump({"fits_s": fits}, f)
 
 
 def _run(option):
-  """Runs the option's workers at once; returns their results."""
-  from oscars_tf.cli import launch  # pylint: disable=g-import-not-at-top
+  """Runs the option's workers at once (the launcher's Job gives each its
+  TF_CONFIG, which plain Keras ignores); returns their results."""
   tmp = tempfile.mkdtemp(prefix="oscars_model_startup_")
-  cluster = OPTIONS[option] is not None and FLAGS.workers > 1
-  configs = (launch.tf_configs(FLAGS.workers) if cluster
-             else [None] * FLAGS.workers)
-  procs = []
-  for i, config in enumerate(configs):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-               TF_NUM_INTRAOP_THREADS="1")
-    env.pop("TF_CONFIG", None)
-    if config:
-      env["TF_CONFIG"] = config
-    cmd = [sys.executable, __file__, "--role=worker", f"--option={option}",
-           f"--out={tmp}/{i}.json", f"--models={FLAGS.models}",
-           f"--steps={FLAGS.steps}", f"--every={FLAGS.every}",
-           f"--hidden={FLAGS.hidden}"]
-    procs.append(subprocess.Popen(cmd, env=env))
+  command = [sys.executable, __file__, "--role=worker", f"--option={option}",
+             f"--models={FLAGS.models}", f"--steps={FLAGS.steps}",
+             f"--every={FLAGS.every}", f"--hidden={FLAGS.hidden}"]
+  log = job_log.JobLog()
+  job = launch.Job(command + [f"--out={tmp}"], FLAGS.workers,
+                   env=accuracy_runs.job_env(), out=log)
   try:
-    for p in procs:
-      if p.wait(timeout=900) != 0:
-        raise RuntimeError(f"benchmark worker failed: {option}")
+    codes, failed = job.wait(timeout=900, grace=5)
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+    job.stop(grace=1)
+  if failed is not None or any(codes):
+    raise RuntimeError(f"benchmark workers failed: {option} ({failed}, "
+                       f"codes {codes}):\n{log.text()[-3000:]}")
   return [json.load(open(f"{tmp}/{i}.json")) for i in range(FLAGS.workers)]
 
 
