@@ -98,7 +98,11 @@ def worker():
 def _run(option):
   """Runs the option's workers at once (the launcher's Job gives each its
   TF_CONFIG, which plain Keras ignores); returns their results."""
-  tmp = tempfile.mkdtemp(prefix="oscars_model_startup_")
+  with tempfile.TemporaryDirectory(prefix="oscars_model_startup_") as tmp:
+    return _run_in(option, tmp)
+
+
+def _run_in(option, tmp):
   command = [sys.executable, __file__, "--role=worker", f"--option={option}",
              f"--models={FLAGS.models}", f"--steps={FLAGS.steps}",
              f"--every={FLAGS.every}", f"--hidden={FLAGS.hidden}"]

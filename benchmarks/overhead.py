@@ -41,13 +41,12 @@ FLAGS = flags.FLAGS
 def worker():
   strategy = None
   if FLAGS.mode != "plain":
-    import tempfile  # pylint: disable=g-import-not-at-top
-
     import oscars_tf  # pylint: disable=g-import-not-at-top
     every = 10**9 if FLAGS.mode == "oscars" else 8
     strategy = oscars_tf.OscarsStrategy(
         schedule=oscars_tf.schedules.Fixed(every=every),
-        logdir=tempfile.mkdtemp() if FLAGS.mode == "every8_log" else None)
+        # Beside the worker's result: removed with the run's directory.
+        logdir=f"{FLAGS.out}.logs" if FLAGS.mode == "every8_log" else None)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -115,8 +114,12 @@ def worker():
 
 def _run(mode, processes, cluster):
   """Runs `processes` workers at once; returns their results."""
+  with tempfile.TemporaryDirectory(prefix="oscars_overhead_") as tmp:
+    return _run_in(tmp, mode, processes, cluster)
+
+
+def _run_in(tmp, mode, processes, cluster):
   from oscars_tf.cli import launch  # pylint: disable=g-import-not-at-top
-  tmp = tempfile.mkdtemp(prefix="oscars_overhead_")
   configs = launch.tf_configs(processes) if cluster else [None] * processes
   procs = []
   for i, config in enumerate(configs):

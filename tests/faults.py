@@ -1,10 +1,12 @@
 """Helpers of the fault-injection tests: launch examples/train.py jobs and
 find their worker processes. Every wait is bounded."""
 
+import atexit
 import contextlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ TRAIN = str(pathlib.Path(__file__).resolve().parent.parent / "examples" /
 # workers it forked (one directory per test process).
 FORKED_LAUNCH = str(pathlib.Path(__file__).with_name("forked_launch.py"))
 FORKED_DIR = tempfile.mkdtemp(prefix="oscars_forked_")
+atexit.register(shutil.rmtree, FORKED_DIR, ignore_errors=True)
 
 
 def _train_processes():

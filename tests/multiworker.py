@@ -4,10 +4,12 @@ Every wait is bounded: a job that runs past its timeout is killed (whole
 process groups) and the test fails with the workers' output.
 """
 
+import atexit
 import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -16,6 +18,10 @@ import job_log
 from oscars_tf.cli import launch
 
 WORKER_PROGRAM = pathlib.Path(__file__).with_name("worker_programs.py")
+# Every job's output directory, one per test process, removed as it exits:
+# a run of the suite leaves nothing in the system's temporary directory.
+JOBS_DIR = tempfile.mkdtemp(prefix="oscars_jobs_")
+atexit.register(shutil.rmtree, JOBS_DIR, ignore_errors=True)
 
 
 @dataclasses.dataclass
@@ -47,7 +53,7 @@ def run(scenario, num_workers, params=None, timeout=180, per_worker_env=None,
         env=None):
   """Runs `scenario` of worker_programs.py (or of `program`, a path whose
   first argument is then the params) on `num_workers` processes."""
-  outdir = tempfile.mkdtemp(prefix=f"oscars_{scenario}_")
+  outdir = tempfile.mkdtemp(prefix=f"{scenario}_", dir=JOBS_DIR)
   params = dict(params or {}, outdir=outdir)
   log = job_log.JobLog()
   command = ([sys.executable, str(program), json.dumps(params)] if program

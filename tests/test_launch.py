@@ -399,7 +399,8 @@ def _reachable_from_outside(args):
 
 _SLEEPER = """
 import os, sys, time
-open(os.path.join(sys.argv[1], f"sleeper-{os.getpid()}"), "w").close()
+with open(os.path.join(sys.argv[1], f"sleeper-{os.getpid()}"), "w") as f:
+  f.write(os.environ["OSCARS_EXIT_NOTES"])  # the job's scratch directory
 time.sleep(120)
 """
 
@@ -428,7 +429,9 @@ def test_nothing_a_worker_started_outlives_its_killed_launcher(tmp_path):
   process (here `sh`) when the launcher is killed with SIGKILL, but not what
   it started (here `python`); the job's guard (tools/job_guard.py) kills
   the workers' process groups. Before it, both sleepers were alive 5 s
-  after the kill."""
+  after the kill. The guard also removes the job's scratch directory (the
+  workers' exit notes), which the killed launcher could not: before, every
+  such kill left one in the temporary directory."""
   sleeper = tmp_path / "sleeper.py"
   sleeper.write_text(_SLEEPER)
   launcher = subprocess.Popen(
@@ -440,10 +443,13 @@ def test_nothing_a_worker_started_outlives_its_killed_launcher(tmp_path):
     assert _wait_for(lambda: len(list(tmp_path.glob("sleeper-*"))) == 2,
                      60), "the sleepers did not start"
     pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("sleeper-*")]
+    scratch = {p.read_text() for p in tmp_path.glob("sleeper-*")}
+    assert len(scratch) == 1 and os.path.isdir(scratch.copy().pop())
     launcher.kill()
     launcher.wait(10)
     assert _wait_for(lambda: not any(_running(p) for p in pids), 15), [
         p for p in pids if _running(p)]
+    assert _wait_for(lambda: not os.path.exists(scratch.pop()), 15)
   finally:
     launcher.kill()
     for pid in pids:
@@ -460,6 +466,7 @@ def test_a_job_that_ends_by_itself_dismisses_its_guard():
   assert (codes, failed) == ([0], None)
   guard = job._guard._proc  # pylint: disable=protected-access
   assert guard.poll() == 0
+  assert not os.path.exists(job._notes)  # pylint: disable=protected-access
 
 
 def test_the_job_listens_in_a_private_network_by_default():

@@ -241,10 +241,15 @@ def test_two_workers_reach_the_stated_accuracy_and_resume(tmp_path):
   second, _ = _launch_train(tmp_path, "second", "--epochs=4",
                             f"--checkpoint_dir={ckpt}")
   # Resumed: starts at the saved epoch, and the optimizer's step count
-  # continues from the saved one instead of restarting at zero.
+  # continues from the saved one instead of restarting at zero. (How many
+  # steps the chief takes in two epochs depends on the machine's load: the
+  # count is checked against its own, not a number.)
   assert second["initial_epoch"] == 2
   assert [c["epoch"] for c in second["curve"]] == [3, 4]
-  assert second["optimizer_step"] > saved["optimizer_step"] + 20
+  # The timed steps leave out the first (start-up): one more was taken.
+  resumed_steps = second["per_worker"][0]["steps"] + 1
+  assert resumed_steps > 1
+  assert second["optimizer_step"] == saved["optimizer_step"] + resumed_steps
   assert second["test_accuracy"] >= 0.93, second
   assert not [p for p in os.listdir(ckpt) if p.startswith(".tmp")]
 

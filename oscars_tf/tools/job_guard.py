@@ -10,16 +10,19 @@ The guard is a small process in a session of its own, started with the
 job. The launcher tells it each task's process group over a pipe, and
 `done` once the job is over. If the pipe closes first, the launcher is gone
 however it ended, and the guard sends SIGKILL to every process group it was
-told of, then exits. A process that left its group (`setsid`) is beyond
-it. Standard library only, run with `python -S`: it starts in tens of ms.
+told of, removes the job's scratch directories (it was told of those too),
+then exits. A process that left its group (`setsid`) is beyond it.
+Standard library only, run with `python -S`: it starts in tens of ms.
 
-    python -S job_guard.py    # reads "+<pgid>" lines, then "done" or EOF
+    python -S job_guard.py    # reads "+<pgid>" and "=<dir>" lines, then
+                              # "done" or EOF
 """
 
 import argparse
 import ctypes
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +81,11 @@ class Guard:
     """Process group `pgid` is the job's: killed if the launcher dies."""
     self._send(f"+{int(pgid)}")
 
+  def remove_after(self, path):
+    """Directory `path` is the job's scratch: removed if the launcher dies
+    (the launcher removes it itself when the job is done)."""
+    self._send(f"={path}")
+
   def done(self):
     """The job is over: the guard exits, killing nothing."""
     if self._proc.stdin.closed:
@@ -106,20 +114,25 @@ def main(argv=None):
       prog="python -m oscars_tf.tools.job_guard",
       description="A launched job's guard (oscars-launch starts it; not a "
       "command for users): reads '+<process group>' lines on stdin, then "
-      "'done', and kills the process groups if stdin closes before "
-      "'done'.").parse_args(argv)
-  groups = []
+      "'=<directory>' lines, then 'done', and kills the process groups and "
+      "removes the directories if stdin closes before 'done'.").parse_args(
+          argv)
+  groups, scratch = [], []
   for line in sys.stdin:
     line = line.strip()
     if line == DONE:
       return 0
     if line.startswith("+"):
       groups.append(int(line[1:]))
+    elif line.startswith("="):
+      scratch.append(line[1:])
   for pgid in groups:  # EOF first: the launcher died
     try:
       os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
       pass  # already gone
+  for path in scratch:  # after the kills: nothing writes there any more
+    shutil.rmtree(path, ignore_errors=True)
   return 0
 
 

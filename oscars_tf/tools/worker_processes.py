@@ -153,6 +153,7 @@ class Job:
     # What the tasks start outlives them unless their groups are killed:
     # by stop(), or by the guard if this process dies first.
     self._guard = job_guard.Guard()
+    self._guard.remove_after(self._notes)
     configs = configs or tf_configs(num_workers, host, hosts=hosts,
                                     num_ps=num_ps, coordinator=coordinator)
     for position, ((kind, index), config) in enumerate(
