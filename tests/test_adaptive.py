@@ -65,7 +65,10 @@ def test_local_steps_follow_the_measured_rates(runs):
     expected = rates[i] / rates[0]
     assert steps[i] / steps[0] == pytest.approx(expected, rel=0.25), (
         steps, rates)
-  assert steps[0] >= 3 * steps[3]  # the 4x worker takes far fewer steps
+  # The 4x worker (SIMULATED 80 ms against 20 ms a step) takes far fewer
+  # steps. Not 3x: every step's real compute, longer on a loaded machine,
+  # comes on top of both sleeps (a CI run measured 2.8x, 14 against 5).
+  assert steps[3] < steps[2] < steps[0] and steps[0] >= 2 * steps[3], steps
 
 
 def test_one_probe_round_is_enough_under_fit(runs):

@@ -112,11 +112,10 @@ class Guard:
 def main(argv=None):
   argparse.ArgumentParser(
       prog="python -m oscars_tf.tools.job_guard",
-      description="A launched job's guard (oscars-launch starts it; not a "
-      "command for users): reads '+<process group>' lines on stdin, then "
-      "'=<directory>' lines, then 'done', and kills the process groups and "
-      "removes the directories if stdin closes before 'done'.").parse_args(
-          argv)
+      description="A launched job's guard (started by oscars-launch): "
+      "reads '+<process group>' and '=<directory>' lines, then 'done'; if "
+      "stdin closes first, kills the groups, removes the directories."
+  ).parse_args(argv)
   groups, scratch = [], []
   for line in sys.stdin:
     line = line.strip()
