@@ -99,24 +99,20 @@ def _run(option):
   """Runs the option's workers at once (the launcher's Job gives each its
   TF_CONFIG, which plain Keras ignores); returns their results."""
   with tempfile.TemporaryDirectory(prefix="oscars_model_startup_") as tmp:
-    return _run_in(option, tmp)
-
-
-def _run_in(option, tmp):
-  command = [sys.executable, __file__, "--role=worker", f"--option={option}",
-             f"--models={FLAGS.models}", f"--steps={FLAGS.steps}",
-             f"--every={FLAGS.every}", f"--hidden={FLAGS.hidden}"]
-  log = job_log.JobLog()
-  job = launch.Job(command + [f"--out={tmp}"], FLAGS.workers,
-                   env=accuracy_runs.job_env(), out=log)
-  try:
-    codes, failed = job.wait(timeout=900, grace=5)
-  finally:
-    job.stop(grace=1)
-  if failed is not None or any(codes):
-    raise RuntimeError(f"benchmark workers failed: {option} ({failed}, "
-                       f"codes {codes}):\n{log.text()[-3000:]}")
-  return [json.load(open(f"{tmp}/{i}.json")) for i in range(FLAGS.workers)]
+    command = [sys.executable, __file__, "--role=worker", f"--option={option}",
+               f"--models={FLAGS.models}", f"--steps={FLAGS.steps}",
+               f"--every={FLAGS.every}", f"--hidden={FLAGS.hidden}"]
+    log = job_log.JobLog()
+    job = launch.Job(command + [f"--out={tmp}"], FLAGS.workers,
+                     env=accuracy_runs.job_env(), out=log)
+    try:
+      codes, failed = job.wait(timeout=900, grace=5)
+    finally:
+      job.stop(grace=1)
+    if failed is not None or any(codes):
+      raise RuntimeError(f"benchmark workers failed: {option} ({failed}, "
+                         f"codes {codes}):\n{log.text()[-3000:]}")
+    return [json.load(open(f"{tmp}/{i}.json")) for i in range(FLAGS.workers)]
 
 
 def driver():

@@ -114,33 +114,29 @@ def worker():
 
 def _run(mode, processes, cluster):
   """Runs `processes` workers at once; returns their results."""
-  with tempfile.TemporaryDirectory(prefix="oscars_overhead_") as tmp:
-    return _run_in(tmp, mode, processes, cluster)
-
-
-def _run_in(tmp, mode, processes, cluster):
   from oscars_tf.cli import launch  # pylint: disable=g-import-not-at-top
-  configs = launch.tf_configs(processes) if cluster else [None] * processes
-  procs = []
-  for i, config in enumerate(configs):
-    # Each process gets an equal share of the cores, so the pairs compared
-    # run under the same load and no process oversubscribes the machine.
-    threads = str(max(1, (os.cpu_count() or 1) // processes))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-               TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
-    env.pop("TF_CONFIG", None)
-    if config:
-      env["TF_CONFIG"] = config
-    cmd = [sys.executable, __file__, "--role=worker", f"--mode={mode}",
-           f"--out={tmp}/{i}.json", f"--epochs={FLAGS.epochs}",
-           f"--samples={FLAGS.samples}", f"--hidden={FLAGS.hidden}",
-           f"--batch_size={FLAGS.batch_size}",
-           f"--averagings={FLAGS.averagings}"]
-    procs.append(subprocess.Popen(cmd, env=env))
-  for p in procs:
-    if p.wait(timeout=900) != 0:
-      raise RuntimeError(f"benchmark worker failed: {mode} x{processes}")
-  return [json.load(open(f"{tmp}/{i}.json")) for i in range(processes)]
+  with tempfile.TemporaryDirectory(prefix="oscars_overhead_") as tmp:
+    configs = launch.tf_configs(processes) if cluster else [None] * processes
+    procs = []
+    for i, config in enumerate(configs):
+      # Each process gets an equal share of the cores, so the pairs compared
+      # run under the same load and no process oversubscribes the machine.
+      threads = str(max(1, (os.cpu_count() or 1) // processes))
+      env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+                 TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
+      env.pop("TF_CONFIG", None)
+      if config:
+        env["TF_CONFIG"] = config
+      cmd = [sys.executable, __file__, "--role=worker", f"--mode={mode}",
+             f"--out={tmp}/{i}.json", f"--epochs={FLAGS.epochs}",
+             f"--samples={FLAGS.samples}", f"--hidden={FLAGS.hidden}",
+             f"--batch_size={FLAGS.batch_size}",
+             f"--averagings={FLAGS.averagings}"]
+      procs.append(subprocess.Popen(cmd, env=env))
+    for p in procs:
+      if p.wait(timeout=900) != 0:
+        raise RuntimeError(f"benchmark worker failed: {mode} x{processes}")
+    return [json.load(open(f"{tmp}/{i}.json")) for i in range(processes)]
 
 
 def _summaries_cost():

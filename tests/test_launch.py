@@ -443,13 +443,13 @@ def test_nothing_a_worker_started_outlives_its_killed_launcher(tmp_path):
     assert _wait_for(lambda: len(list(tmp_path.glob("sleeper-*"))) == 2,
                      60), "the sleepers did not start"
     pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("sleeper-*")]
-    scratch = {p.read_text() for p in tmp_path.glob("sleeper-*")}
-    assert len(scratch) == 1 and os.path.isdir(scratch.copy().pop())
+    (scratch,) = {p.read_text() for p in tmp_path.glob("sleeper-*")}
+    assert os.path.isdir(scratch)
     launcher.kill()
     launcher.wait(10)
     assert _wait_for(lambda: not any(_running(p) for p in pids), 15), [
         p for p in pids if _running(p)]
-    assert _wait_for(lambda: not os.path.exists(scratch.pop()), 15)
+    assert _wait_for(lambda: not os.path.exists(scratch), 15)
   finally:
     launcher.kill()
     for pid in pids:
