@@ -81,6 +81,9 @@ flags.DEFINE_list("profiles", list(DEFAULT_PROFILES), "EMULATED profiles, "
 flags.DEFINE_list("strategies", [], "Strategies in every profile; empty: "
                   "each profile's default.")
 flags.DEFINE_list("periods", ["4", "16"], "local_sgd periods to sweep.")
+flags.DEFINE_list("oscars_args", [], "More examples/train.py flags for "
+                  "every job but sync_tf's (all OscarsStrategy), e.g. "
+                  "--oscars_args=--outer_momentum=0.2")
 flags.DEFINE_integer("repeats", 1, "Runs of every job.", lower_bound=1)
 flags.DEFINE_integer("first_repeat", 0, "Index (and data seed) of the first "
                      "repeat: more repeats of an earlier run.", lower_bound=0)
@@ -121,19 +124,25 @@ def cpu_limits():
   return accuracy_runs.scaled_cpu_limits(ratios, FLAGS.cores)
 
 
-def run(profile, strategy, period, repeat, outdir):
-  """One job; its row of numbers."""
-  name = f"{profile}-{strategy}-{period or 0}-{repeat}"
-  launch = accuracy_runs.emulated_launcher_args(
-      profile, FLAGS.num_workers, cpu_limits(), "ready", FLAGS.bandwidth)
-  train = TRAIN_ARGS[strategy] + [
+def train_args(strategy, period, repeat):
+  """examples/train.py's flags for one job."""
+  return TRAIN_ARGS[strategy] + [
       "--dataset=stdlib_text", "--model=transformer_lm",
       f"--d_model={FLAGS.d_model}",
       f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps_per_epoch}",
       f"--batch_size={FLAGS.batch_size}", f"--seq_len={FLAGS.seq_len}",
       f"--eval_windows={FLAGS.eval_windows}", "--optimizer=adam",
       f"--learning_rate={FLAGS.learning_rate}", f"--seed={repeat}"] + (
-          [f"--period={period}"] if period else [])
+          [f"--period={period}"] if period else []) + (
+              FLAGS.oscars_args if strategy != "sync_tf" else [])
+
+
+def run(profile, strategy, period, repeat, outdir):
+  """One job; its row of numbers."""
+  name = f"{profile}-{strategy}-{period or 0}-{repeat}"
+  launch = accuracy_runs.emulated_launcher_args(
+      profile, FLAGS.num_workers, cpu_limits(), "ready", FLAGS.bandwidth)
+  train = train_args(strategy, period, repeat)
   print(f"running {name} ...", flush=True)
   result = accuracy_runs.run_job(name, launch, train, outdir, FLAGS.timeout)
   curve = lm_measures.points(result)
@@ -350,6 +359,10 @@ def main(argv):
   if bad:
     sys.exit(f"real_workloads.py: unknown --profiles/--strategies {bad}; "
              f"profiles: {PROFILES}, strategies: {STRATEGIES}.")
+  not_flags = [a for a in FLAGS.oscars_args if not a.startswith("--")]
+  if not_flags:
+    sys.exit(f"real_workloads.py: --oscars_args takes train.py flags "
+             f"(--name=value), got {not_flags}.")
   cpu_limits()  # a bad --cpu_ratios fails before any job
   start = time.monotonic()
   with tempfile.TemporaryDirectory(prefix="oscars_lm_") as outdir:
@@ -365,7 +378,7 @@ def main(argv):
         "num_workers", "cpu_ratios", "cores", "bandwidth", "d_model", "epochs",
         "steps_per_epoch", "batch_size", "seq_len", "learning_rate",
         "eval_windows", "target_fraction", "profiles", "strategies",
-        "periods", "repeats", "first_repeat", "quick")}
+        "periods", "oscars_args", "repeats", "first_repeat", "quick")}
     config["cpu_limits"] = cpu_limits()
     with open(FLAGS.result_json, "w") as f:
       json.dump({"emulated": True, "config": config, "rows": rows,

@@ -161,12 +161,16 @@ def test_real_workloads_trains_the_language_model_and_reports_it(tmp_path):
       [sys.executable, str(WORKLOADS), "--profiles=even", "--num_workers=2",
        "--cpu_ratios=1,1", "--strategies=sync_tf,oscars", "--epochs=2",
        "--steps_per_epoch=12", "--eval_windows=128", "--d_model=32",
+       # Reaches train.py, which refuses a flag it does not know.
+       "--oscars_args=--outer_momentum=0,--outer_learning_rate=1",
        f"--result_json={out}"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       timeout=420, env=multiworker.worker_env(), check=False)
   assert proc.returncode == 0, proc.stdout[-4000:]
   assert "EMULATED" in proc.stdout and "SIMULATED" not in proc.stdout
   result = json.loads(out.read_text())
+  assert result["config"]["oscars_args"] == [
+      "--outer_momentum=0", "--outer_learning_rate=1"]
   rows = {r["strategy"]: r for r in result["rows"]}
   assert sorted(rows) == ["oscars", "sync_tf"]
   for r in rows.values():

@@ -56,6 +56,10 @@ def _train(*flags, timeout=120):
      ["--overlap_always", "OscarsStrategy only"]),
     ("--tf_heartbeat_timeout=60", ["--tf_heartbeat_timeout",
                                    "multi_worker_mirrored only"]),
+    ("--outer_learning_rate=0.7", ["--outer_learning_rate",
+                                   "--outer_momentum"]),
+    ("--outer_momentum=0.9 --outer_learning_rate=0",
+     ["--outer_learning_rate", "must be > 0"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(*flag.split(), timeout=60)
@@ -192,6 +196,26 @@ def test_strategy_flags_build_the_schedules_they_name():
     values.unparse_flags()
     with pytest.raises(flags.IllegalFlagValueError):
       values(["prog", "--min_utilization=1.5"])
+  finally:
+    values.unparse_flags()
+
+
+def test_outer_flags_build_the_outer_optimizer():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.cli import flags as oscars_flags  # pylint: disable=g-import-not-at-top
+  values = flags.FLAGS
+  try:
+    values(["prog"])
+    assert oscars_flags.make_outer_optimizer(values) is None
+    values.unparse_flags()
+    values(["prog", "--outer_momentum=0.5"])
+    assert repr(oscars_flags.make_outer_optimizer(values)) == (
+        "OuterMomentum(learning_rate=1.0, momentum=0.5, nesterov=True)")
+    values.unparse_flags()
+    values(["prog", "--outer_momentum=0.9", "--outer_learning_rate=0.7"])
+    assert repr(oscars_flags.make_outer_optimizer(values)) == (
+        "OuterMomentum(learning_rate=0.7, momentum=0.9, nesterov=True)")
   finally:
     values.unparse_flags()
 

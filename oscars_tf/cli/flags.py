@@ -116,6 +116,9 @@ flags.DEFINE_float("outer_momentum", None, "If set, SlowMo/DiLoCo outer "
                    "global syncs (its state is in --checkpoint_dir's "
                    "checkpoints).",
                    lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_float("outer_learning_rate", None, "With --outer_momentum: the "
+                   "outer step's learning rate (default 1; DiLoCo: 0.7 with "
+                   "momentum 0.9).")
 flags.DEFINE_string("simulate_step_time", None, "SIMULATED heterogeneity, "
                     "e.g. '20ms*1,1,2,4' (default: $OSCARS_SIMULATE_STEP_TIME,"
                     " which oscars-launch --simulate_step_time sets).")
@@ -176,6 +179,20 @@ def _heartbeats_are_mirrored(values):
           values["strategy"] == "multi_worker_mirrored")
 
 
+@flags.multi_flags_validator(
+    ["outer_momentum", "outer_learning_rate"],
+    message="--outer_learning_rate needs --outer_momentum (0 for an outer "
+    "step without momentum)")
+def _outer_rate_has_momentum(values):
+  return (values["outer_learning_rate"] is None or
+          values["outer_momentum"] is not None)
+
+
+flags.register_validator(
+    "outer_learning_rate", lambda rate: rate is None or rate > 0,
+    message="--outer_learning_rate must be > 0")
+
+
 def make_schedule(flag_values=FLAGS):
   """The `oscars_tf.schedules.Schedule` the flags describe (Oscars kinds)."""
   f = flag_values
@@ -197,6 +214,16 @@ def make_schedule(flag_values=FLAGS):
       max_group_size=f.max_group_size, max_groupings=f.max_groupings,
       max_overshoot=f.max_overshoot,
       min_utilization=f.min_utilization or None)  # 0: off
+
+
+def make_outer_optimizer(flag_values=FLAGS):
+  """`OuterMomentum` from --outer_momentum and --outer_learning_rate, or
+  None (plain averaging)."""
+  f = flag_values
+  if f.outer_momentum is None:
+    return None
+  return schedules.OuterMomentum(momentum=f.outer_momentum,
+                                 learning_rate=f.outer_learning_rate or 1.0)
 
 
 def make_resolver(flag_values=FLAGS):
@@ -255,14 +282,13 @@ def make_strategy(flag_values=FLAGS):
           "ps tasks).")
     return tf.distribute.ParameterServerStrategy(resolver)
   import oscars_tf  # pylint: disable=g-import-not-at-top
-  outer = (None if f.outer_momentum is None else
-           schedules.OuterMomentum(momentum=f.outer_momentum))
   return oscars_tf.OscarsStrategy(
       schedule=make_schedule(f), cluster_resolver=resolver,
       optimizer_state=f.optimizer_state, communication=f.communication,
       collective_timeout=f.collective_timeout,
       straggler_timeout=f.straggler_timeout, join_timeout=f.join_timeout,
-      simulate_step_time=f.simulate_step_time, outer_optimizer=outer,
+      simulate_step_time=f.simulate_step_time,
+      outer_optimizer=make_outer_optimizer(f),
       logdir=f.logdir, averaging_dtype=f.averaging_dtype,
       compression=None if f.compression == "none" else f.compression,
       overlap="always" if f.overlap_always else f.overlap)
