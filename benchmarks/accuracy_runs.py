@@ -92,6 +92,17 @@ def run_job(name, launcher_args, train_args, outdir, timeout):
   return out
 
 
+def failure_reason(log):
+  """Why a job failed, from run_job's message: the log's last error line,
+  or else the launcher's last word (e.g. its timeout), or else the first
+  line."""
+  lines = log.splitlines()
+  said = ([line for line in lines if "Error" in line] or
+          [line for line in lines if line.startswith("oscars-launch:")] or
+          lines[:1] or [""])
+  return said[-1][:200]
+
+
 def end_spreads(result, launcher_output):
   """How far apart the workers ended: `end_spread_s` from the first to the
   last worker's return from training (train.py's per-worker

@@ -163,7 +163,7 @@ def run(profile, strategy, period, repeat, outdir):
     print(str(e)[-2000:], flush=True)
     return dict(profile=profile, strategy=strategy, period=period,
                 repeat=repeat, launcher=launch, emulated=True,
-                failed=_why(str(e)))
+                failed=accuracy_runs.failure_reason(str(e)))
   curve = result["curve"]
   return dict(
       accuracy_runs.worker_numbers(result), profile=profile,
@@ -177,12 +177,6 @@ def run(profile, strategy, period, repeat, outdir):
       end_spread_s=result["end_spread_s"],
       exit_spread_s=result["exit_spread_s"],
       curve=[(c["train_time_s"], c["test_accuracy"]) for c in curve])
-
-
-def _why(log):
-  """The last error line of a failed job's log."""
-  lines = [line for line in log.splitlines() if "Error" in line]
-  return (lines[-1] if lines else log.splitlines()[0])[:200]
 
 
 def run_all(outdir):

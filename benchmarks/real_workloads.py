@@ -109,8 +109,9 @@ flags.DEFINE_integer("eval_windows", 1024, "Validation windows evaluated "
 flags.DEFINE_float("target_fraction", 2 / 3, "The target: sync_tf's value "
                    "at this fraction of its run.", lower_bound=0.05,
                    upper_bound=1.0)
-flags.DEFINE_integer("timeout", 900, "Seconds each job may take.",
-                     lower_bound=10)
+flags.DEFINE_integer("timeout", 1800, "Seconds each job may take (sync_tf "
+                     "at 20 Mbit/s trains for about 15 minutes).",
+                     lower_bound=1)
 flags.DEFINE_string("result_json", None, "Write all results here.")
 flags.DEFINE_string("png", None, "Write the figure here (needs matplotlib).")
 FLAGS = flags.FLAGS
@@ -144,7 +145,13 @@ def run(profile, strategy, period, repeat, outdir):
       profile, FLAGS.num_workers, cpu_limits(), "ready", FLAGS.bandwidth)
   train = train_args(strategy, period, repeat)
   print(f"running {name} ...", flush=True)
-  result = accuracy_runs.run_job(name, launch, train, outdir, FLAGS.timeout)
+  try:
+    result = accuracy_runs.run_job(name, launch, train, outdir, FLAGS.timeout)
+  except RuntimeError as e:  # reported; the other jobs still run
+    print(str(e)[-2000:], flush=True)
+    return dict(profile=profile, strategy=strategy, period=period,
+                repeat=repeat, launcher=launch, emulated=True,
+                failed=accuracy_runs.failure_reason(str(e)))
   curve = lm_measures.points(result)
   averagings, at_epoch_end = lm_measures.round_ends(result)
   return dict(
@@ -165,7 +172,8 @@ def _repeats():
 
 
 def run_all(outdir):
-  rows = []
+  """(measured rows, failed jobs' rows)."""
+  rows, failed = [], []
   for repeat in _repeats():
     for profile in FLAGS.profiles:
       tried = []
@@ -173,13 +181,16 @@ def run_all(outdir):
         periods = ([int(p) for p in FLAGS.periods]
                    if strategy == "local_sgd" else [None])
         tried += [run(profile, strategy, p, repeat, outdir) for p in periods]
-      rows += measure(tried)
-  return rows
+      failed += [r for r in tried if "failed" in r]
+      rows += measure([r for r in tried if "failed" not in r])
+  return rows, failed
 
 
 def measure(rows):
   """One profile's rows of one repeat: times to sync_tf's target, values
   at equal wall time, the best local_sgd period (`chosen`)."""
+  if not rows:
+    return rows
   sync = next((r for r in rows if r["strategy"] == "sync_tf"), None)
   target = (None if sync is None else lm_measures.target_of(
       sync["curve"], FLAGS.target_fraction))
@@ -366,9 +377,12 @@ def main(argv):
   cpu_limits()  # a bad --cpu_ratios fails before any job
   start = time.monotonic()
   with tempfile.TemporaryDirectory(prefix="oscars_lm_") as outdir:
-    rows = run_all(outdir)
+    rows, failed = run_all(outdir)
   goal_rows, ideal = goals(rows), realized(rows)
   print_table(rows, goal_rows, ideal)
+  for r in failed:
+    print(f"FAILED {r['profile']} {r['strategy']} rep {r['repeat']}: "
+          f"{r['failed']}")
   png = plot(rows, FLAGS.png) if FLAGS.png else None
   total = time.monotonic() - start
   print(f"\nbenchmark wall time {total:.0f} s" +
@@ -382,8 +396,9 @@ def main(argv):
     config["cpu_limits"] = cpu_limits()
     with open(FLAGS.result_json, "w") as f:
       json.dump({"emulated": True, "config": config, "rows": rows,
-                 "goals": goal_rows, "realized": ideal, "png": png,
-                 "wall_time_s": total}, f, indent=1)
+                 "failed_jobs": failed, "goals": goal_rows,
+                 "realized": ideal, "png": png, "wall_time_s": total},
+                f, indent=1)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,25 @@ def test_real_workloads_trains_the_language_model_and_reports_it(tmp_path):
              for g in result["goals"])
 
 
+def test_real_workloads_reports_a_failed_job_and_goes_on(tmp_path):
+  """A job that fails (here: past its --timeout) is a reported result, not
+  the end of the whole run."""
+  out = tmp_path / "lm.json"
+  proc = subprocess.run(
+      [sys.executable, str(WORKLOADS), "--profiles=even", "--num_workers=2",
+       "--cpu_ratios=1,1", "--strategies=sync_tf,oscars", "--d_model=32",
+       "--timeout=3", f"--result_json={out}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      timeout=300, env=multiworker.worker_env(), check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  result = json.loads(out.read_text())
+  assert result["rows"] == [], result["rows"]
+  failed = {r["strategy"]: r["failed"] for r in result["failed_jobs"]}
+  assert sorted(failed) == ["oscars", "sync_tf"], failed
+  assert all("ran past --timeout=3s" in why for why in failed.values()), failed
+  assert "FAILED even oscars rep 0" in proc.stdout, proc.stdout[-3000:]
+
+
 STARTUP = BENCHMARK.parent / "model_startup.py"
 
 
