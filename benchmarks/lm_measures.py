@@ -1,6 +1,6 @@
-"""What real_workloads.py reads from a language-model run: loss curves in
-validation bits per byte (lower is better), and how the rounds ended.
-Pure functions of train.py's result; no TensorFlow."""
+"""What real_workloads.py and local_adam.py read from language-model runs:
+loss curves in validation bits per byte (lower is better), how the rounds
+ended, gaps between paired runs. Pure functions; no TensorFlow."""
 
 import collections
 
@@ -70,3 +70,15 @@ def compute_ideal(limits):
   """The speed-up over synchronous training that compute alone allows:
   sum of rates / (N * the slowest rate), rates as the CPU limits."""
   return sum(limits) / (len(limits) * min(limits))
+
+
+def paired_gaps(rows):
+  """{period: [gap per seed, in seed order]} of local_adam.py's rows: each
+  local run's bits per byte relative to the sync run of its seed (0.01: 1 %
+  worse); a local run without its seed's sync run has no gap."""
+  sync = {r["seed"]: r["bpb"] for r in rows if r["run"] == "sync"}
+  gaps = {}
+  for r in sorted(rows, key=lambda r: r["seed"]):
+    if r["run"] == "local" and r["seed"] in sync:
+      gaps.setdefault(r["period"], []).append(r["bpb"] / sync[r["seed"]] - 1)
+  return gaps

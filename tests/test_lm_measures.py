@@ -44,3 +44,16 @@ def test_periods_by_powers_of_two_and_rounds_ended_by_an_epoch_end():
 def test_the_compute_ideal_is_the_sum_of_rates_over_n_slowest():
   assert lm_measures.compute_ideal([1, 1, 0.5, 0.25]) == pytest.approx(2.75)
   assert lm_measures.compute_ideal([0.5, 0.5]) == pytest.approx(1.0)
+
+
+def test_paired_gaps_compare_each_local_run_with_its_seeds_sync_run():
+  rows = [{"seed": 1, "run": "sync", "period": None, "bpb": 2.0},
+          {"seed": 0, "run": "local", "period": 4, "bpb": 3.3},
+          {"seed": 1, "run": "local", "period": 1, "bpb": 2.1},
+          {"seed": 0, "run": "sync", "period": None, "bpb": 3.0},
+          {"seed": 1, "run": "local", "period": 4, "bpb": 1.9},
+          {"seed": 2, "run": "local", "period": 4, "bpb": 9.9}]  # no sync
+  gaps = lm_measures.paired_gaps(rows)
+  assert sorted(gaps) == [1, 4]
+  assert gaps[1] == pytest.approx([0.05])
+  assert gaps[4] == pytest.approx([0.1, -0.05])  # seed order
