@@ -163,8 +163,10 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
       os.kill(pid, signal.SIGUSR1)
     elif kind == "stop":
       os.kill(pid, signal.SIGSTOP)
+      stopped_at = time.time()
       time.sleep(stop_s)  # the stall itself
       os.kill(pid, signal.SIGCONT)
+      resumed_at = time.time()
     elif kind == "launcher_kill":
       os.kill(job.pid, signal.SIGKILL)
       job.wait(timeout=10)
@@ -191,12 +193,22 @@ def test_a_random_fault_leaves_agreeing_survivors(tmp_path, run,
   elif kind == "nan":
     assert "weights are now NaN" in out, what
     assert f"worker(s) [{victim}] have non-finite weights" in out + err, what
+  elif kind == "stop" and stop_s > STRAGGLER_S + 0.5 and dropped:
+    assert dropped == [[victim]], (what, dropped)
   elif kind == "stop" and stop_s > STRAGGLER_S + 0.5:
-    # Dropped, unless the stop landed in a round end once the decision
-    # had it a member: the others then waited it out in the collective.
-    waited = max(r["wait_s"] + r["comm_s"] for r in result["rounds"])
-    assert dropped == [[victim]] or (not dropped and waited > stop_s - 1), (
-        what, dropped, waited)
+    # Not dropped: the stop landed in a round end once the decision had the
+    # victim a member, and the others waited it out. In that collective;
+    # or, when the victim had sent its part already, at the chief's last
+    # round end before the resume, after a round of compute that hid that
+    # much of the stop (a loaded CI run: 5.9 s stopped, 2.8 s waited).
+    longest = max(r["wait_s"] + r["comm_s"] for r in result["rounds"])
+    during = [r for r in result["rounds"]
+              if stopped_at < r["arrived_at"] < resumed_at]
+    last = during[-1] if during else None
+    waited_to_resume = last is not None and (
+        last["wait_s"] + last["comm_s"] > resumed_at - last["arrived_at"] - 1)
+    assert longest > stop_s - 1 or waited_to_resume, (
+        what, longest, last, resumed_at)
   elif kind == "stop_waited_out":
     assert not dropped, (what, dropped)
   elif kind == "rejoin_kill" and _let_in(victim, err):
