@@ -26,8 +26,8 @@ over seeds. The replicas are equal and run one after another: no
 heterogeneity, SIMULATED or EMULATED, and no time is compared.
 """
 
+import functools
 import json
-import math
 import pathlib
 import statistics
 import sys
@@ -86,11 +86,11 @@ class _Run:
     self.train, validation = data.stdlib_text_files()
     self.validation = data.text_windows(validation, FLAGS.seq_len).take(
         FLAGS.eval_windows).batch(256)
+    self._model = functools.partial(models.transformer_lm,
+                                    seq_len=FLAGS.seq_len,
+                                    d_model=FLAGS.d_model)
     keras.utils.set_random_seed(seed)
-    self.initial = models.transformer_lm(
-        seq_len=FLAGS.seq_len, d_model=FLAGS.d_model).get_weights()
-    self._model = lambda: models.transformer_lm(seq_len=FLAGS.seq_len,
-                                                d_model=FLAGS.d_model)
+    self.initial = self._model().get_weights()
     self.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
   def stream(self, seed, shard=None):
@@ -118,7 +118,7 @@ class _Run:
     for x, y in self.validation:
       nats += float(self.loss(y, model(x, training=False))) * int(x.shape[0])
       count += int(x.shape[0])
-    return nats / count / math.log(2)
+    return self.data.bits(nats / count)
 
   def sync(self):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -148,8 +148,8 @@ class _Run:
     if FLAGS.optimizer_state == "average":
       slots = [[v for v in o.variables if v is not o.iterations]
                for _, o, _ in replicas]
-      for values in zip(*slots):
-        mean_value = mean_of([[v.numpy()] for v in values])[0]
+      for values, mean_value in zip(zip(*slots), mean_of(
+          [[v.numpy() for v in replica_slots] for replica_slots in slots])):
         for v in values:
           v.assign(mean_value)
 
