@@ -12,7 +12,9 @@ from the same initial weights:
   sync       one Adam on --workers x --batch_size windows a step
   local (P)  --workers replicas, each with its own Adam on --batch_size
              windows a step, their weights set to the mean after every P
-             steps (with --optimizer_state=average, Adam's slots too)
+             steps (with --optimizer_state=average, Adam's slots too;
+             with group_variance, each replica's second moment rescaled
+             to the group's batch there, as OscarsStrategy does by default)
 
 Both read one stream of windows (data.stdlib_text's order for the seed): a
 sync step takes its next --workers batches, replica i every --workers-th
@@ -59,8 +61,12 @@ flags.DEFINE_integer("eval_windows", 1024, "Validation windows scored.",
 flags.DEFINE_enum("data", "shard", ["shard", "independent"], "shard: every "
                   "run reads one stream (paired); independent: a stream per "
                   "replica.")
-flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
-                  "average: Adam's slots are averaged with the weights.")
+flags.DEFINE_enum("optimizer_state", "local",
+                  ["local", "average", "group_variance"],
+                  "average: Adam's slots are averaged with the weights; "
+                  "group_variance: OscarsStrategy's default, each "
+                  "replica's second moment rescaled to the group's batch "
+                  "at every averaging (distribute/second_moments.py).")
 flags.DEFINE_bool("quick", False, "A small run (1 seed, a narrow model, 12 "
                   "steps): under a minute, for a smoke test.")
 flags.DEFINE_string("result_json", None, "Write the rows here.")
@@ -134,17 +140,23 @@ class _Run:
     replicas = [self.replica() for _ in range(FLAGS.workers)]
     streams = [self.stream(self.seed, i) if FLAGS.data == "shard" else
                self.stream(self.seed * 10 + i) for i in range(FLAGS.workers)]
+    from oscars_tf.distribute import second_moments  # pylint: disable=g-import-not-at-top
+    moments = [second_moments.SecondMoments(o) for _, o, _ in replicas] if (
+        FLAGS.optimizer_state == "group_variance") else []
     for t in range(1, FLAGS.steps + 1):
       for (_, _, step), batches in zip(replicas, streams):
         step(*next(batches))
       if t % period == 0 or t == FLAGS.steps:
-        self._average(replicas)
+        self._average(replicas, moments)
     return self.bits_per_byte(replicas[0][0])
 
-  def _average(self, replicas):
+  def _average(self, replicas, second_moments):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     mean = mean_of([m.get_weights() for m, _, _ in replicas])
     for m, _, _ in replicas:
       m.set_weights(mean)
+    for moments in second_moments:  # the product's rule, as a group's
+      moments.rescale(tf.constant(float(FLAGS.workers)))
     if FLAGS.optimizer_state == "average":
       slots = [[v for v in o.variables if v is not o.iterations]
                for _, o, _ in replicas]

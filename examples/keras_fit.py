@@ -28,8 +28,11 @@ flags.DEFINE_integer("every", 8, "With --schedule=fixed: average the workers' "
 flags.DEFINE_string("simulate_step_time", None, "SIMULATED heterogeneity, "
                     "e.g. '20ms*1,1,2,4' (default: $OSCARS_SIMULATE_STEP_TIME, "
                     "which oscars-launch --simulate_step_time sets).")
-flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
-                  "Keep optimizer slots per worker or average them too.")
+flags.DEFINE_enum("optimizer_state", "group_variance",
+                  ["group_variance", "local", "average"],
+                  "Optimizer slots per worker (group_variance: Adam's second "
+                  "moment rescaled to the group's batch at each averaging), "
+                  "or averaged too.")
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
 FLAGS = flags.FLAGS
 

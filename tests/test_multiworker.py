@@ -230,7 +230,7 @@ def test_no_hidden_barrier_with_a_slow_worker():
   assert slow["stats"]["syncs"] == 1
 
 
-@pytest.mark.parametrize("state", ["average", "local"])
+@pytest.mark.parametrize("state", ["average", "local", "group_variance"])
 def test_steps_per_execution_and_optimizer_state(state):
   result = multiworker.run("fit", 2, {"every": 2, "epochs": 2,
                                       "steps_per_execution": 3,
@@ -242,8 +242,8 @@ def test_steps_per_execution_and_optimizer_state(state):
   slots = _max_diff(first["optimizer_slots"], second["optimizer_slots"])
   if state == "average":
     assert slots <= 1e-4   # Adam moments averaged with the model
-  else:
-    assert slots > 1e-4    # each worker keeps its own moments
+  else:  # rescaled or not, each worker keeps its own moments
+    assert slots > 1e-4
 
 
 def test_steps_per_epoch_on_an_endless_dataset():

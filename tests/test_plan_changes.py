@@ -123,6 +123,28 @@ def _global_sync_plan(steps):
                           period_rules.ConstantState(4.0), global_every=4))
 
 
+def _grouped_plan(groups, weights):
+  n = len(weights)
+  return records.Plan(round=1, time_budget=1.0, local_steps=(1,) * n,
+                      groups=groups, weights=weights,
+                      update_scales=(1.0,) * n, global_sync=False,
+                      stragglers=(), rates=(1.0,) * n,
+                      state=records.PlannerState(
+                          period_rules.ConstantState(4.0), global_every=4))
+
+
+def test_the_effective_group_size_counts_members_by_their_weights():
+  equal = _grouped_plan(((0, 1, 2, 3),), (0.25,) * 4)
+  assert plan_changes.effective_group_size(equal, 2) == pytest.approx(4.0)
+  split = _grouped_plan(((0,), (1, 2)), (1.0, 0.5, 0.5))
+  assert plan_changes.effective_group_size(split, 0) == 1.0
+  assert plan_changes.effective_group_size(split, 1) == pytest.approx(2.0)
+  # One member with most of the weight: its noise dominates the average.
+  uneven = _grouped_plan(((0, 1, 2),), (0.8, 0.1, 0.1))
+  assert plan_changes.effective_group_size(uneven, 1) == pytest.approx(
+      1 / (0.64 + 0.01 + 0.01))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 10), st.data())
 def test_a_sync_host_by_host_weighs_like_the_flat_healthy_average(n, data):

@@ -73,8 +73,11 @@ flags.DEFINE_float("min_utilization", schedules.DEFAULT_MIN_UTILIZATION,
                    lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_enum("weighting", "work", list(schedules.WEIGHTINGS),
                   "oscars: how members' models are weighted in an average.")
-flags.DEFINE_enum("optimizer_state", "local", ["local", "average"],
-                  "Keep optimizer slots per worker, or average them too.")
+flags.DEFINE_enum("optimizer_state", "group_variance",
+                  ["group_variance", "local", "average"],
+                  "Optimizer slots: per worker, Adam's second moment rescaled "
+                  "to the group's batch at each averaging (group_variance); "
+                  "per worker (local); or averaged with the model.")
 flags.DEFINE_enum("communication", "auto", ["auto", "ring", "nccl"],
                   "Collective implementation for averaging.")
 flags.DEFINE_enum("averaging_dtype", "float32",

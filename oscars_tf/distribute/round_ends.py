@@ -8,11 +8,13 @@ trace serves both. For FedNova's normalized weighting it keeps the round's
 start values.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from oscars_tf.distribute import averaged_variables
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import rounds as rounds_lib
+from oscars_tf.distribute import second_moments
 from oscars_tf.runtime import py_function_errors
 
 
@@ -40,6 +42,7 @@ class RoundEnds:
     self._local_sgd = local_sgd
     self._averages_across = averages_across
     self._starts = {}      # FedNova: round-start copies per variable set
+    self._moments = {}     # second_moments per tracked optimizer
     self._functions = {}   # the round end of each set, as a tf.function
 
   def keep_start(self, variables, started):
@@ -80,7 +83,11 @@ class RoundEnds:
   def function(self, variables):
     """A function (step, loss) ending the round of `variables` (cached);
     it returns True once the round has ended."""
-    key = averaged_variables.key_of(variables)
+    # A recompiled model's new optimizer needs a round end of its own: the
+    # traced one rescales the old optimizer's second moments (each
+    # optimizer stays referenced in `_moments`, so its id is not reused).
+    key = (averaged_variables.key_of(variables),
+           id(self._averaged.optimizer))
     if key not in self._functions:
       def end_round(step, loss):
         with tf.control_dependencies([self.ops(variables, step, loss)]):
@@ -88,12 +95,27 @@ class RoundEnds:
       self._functions[key] = tf.function(end_round, autograph=False)
     return self._functions[key]
 
+  def _second_moments(self):
+    """The tracked optimizer's `SecondMoments` under
+    optimizer_state="group_variance", else None (created at the first
+    trace, when Keras has built the optimizer's slots)."""
+    if (self._averaged.optimizer_state != "group_variance" or
+        self._averaged.optimizer is None):
+      return None
+    optimizer = self._averaged.optimizer
+    if id(optimizer) not in self._moments:  # kept: the id is never reused
+      self._moments[id(optimizer)] = second_moments.SecondMoments(
+          optimizer, self._local_sgd)
+    moments = self._moments[id(optimizer)]
+    return moments if moments.active else None
+
   def ops(self, variables, step, loss):
     """The round end of `variables`: average, outer step, round starts."""
     key = averaged_variables.key_of(variables)
     starts = self._starts.get(key)
     outer = self._outer.get(key)
     compressed_state = self._compression.get(key) if self._compression else None
+    moments = self._second_moments()
 
     def write(values, is_global, progress=None):
       # G(avg): at global syncs the averaged update takes an outer step.
@@ -108,6 +130,11 @@ class RoundEnds:
         with tf.control_dependencies([written]):
           written = tf.cond(is_global, lambda: tf.group(
               compressed_state.take_reference(model)), tf.no_op)
+      if moments is not None:  # the group's batch, as Adam sees it
+        with tf.control_dependencies([written]):
+          size = tf.py_function(lambda: np.float32(
+              self._rounds.effective_group_size), [], tf.float32)
+          written = moments.rescale(tf.reshape(size, []))
       return written
 
     shared = (outer.variables if outer else []) + (

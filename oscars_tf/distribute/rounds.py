@@ -17,6 +17,7 @@ from tensorflow.python.ops import control_flow_util_v2
 
 from oscars_tf.distribute import compression as compression_lib
 from oscars_tf.distribute import overlap as overlap_lib
+from oscars_tf.policy import plan_changes
 from oscars_tf.protocol import group_keys
 from oscars_tf.protocol import round_book
 from oscars_tf.protocol import round_parts
@@ -69,6 +70,9 @@ class Rounds:
                timeout, per_group_nccl=False, averaging_dtype=None,
                compression=None, addresses=(), overlap=False):
     self.book = book
+    # The last round's group, in members' worth of gradient noise (read at
+    # its averaging's write: second_moments.py).
+    self.effective_group_size = 1.0
     self._averaging_dtype = averaging_dtype  # None: each tensor's own
     # The model's averager: the round's group ("auto" on GPUs: NCCL for a
     # group on one host, ring across hosts); across hosts a global sync
@@ -143,6 +147,8 @@ class Rounds:
   def _on_arrive(self, step, loss, finite):
     fault_injection.at_arrival(self.book.round)  # tests stop a worker here
     part = self.book.arrive(int(step), float(loss), bool(finite))
+    self.effective_group_size = plan_changes.effective_group_size(
+        self.book.plan, self.book.me)
     return [np.asarray(v, d.as_numpy_dtype)
             for v, d in zip(part, PART_DTYPES)]
 

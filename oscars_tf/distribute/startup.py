@@ -15,7 +15,7 @@ import numpy as np
 from oscars_tf.distribute.replicas import component_variables
 from oscars_tf.errors import WorkerMismatchError
 
-OPTIMIZER_STATES = ("local", "average")
+OPTIMIZER_STATES = ("local", "average", "group_variance")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,8 +46,7 @@ def _checked_arguments(schedule, optimizer_state, communication,
     raise TypeError("`schedule` must be an oscars_tf.schedules.Schedule "
                     f"such as Adaptive() or Fixed(every=8), got "
                     f"{schedule!r}.")
-  arguments.one_of(OWNER, "optimizer_state", optimizer_state,
-                   OPTIMIZER_STATES)
+  arguments.one_of(OWNER, "optimizer_state", optimizer_state, OPTIMIZER_STATES)
   if outer_optimizer is not None and not isinstance(
       outer_optimizer, schedules_lib.OuterMomentum):
     raise TypeError("`outer_optimizer` must be None or "
@@ -111,8 +110,9 @@ class OscarsStrategy(tf.distribute.Strategy):
     cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`;
       default `TF_CONFIG`; with neither, a one-worker cluster (plain local
       training, no server started).
-    optimizer_state: "local" (default) keeps optimizer slots per worker;
-      "average" averages them with the model.
+    optimizer_state: "group_variance" (default): slots per worker, Adam's
+      second moment rescaled to the group's batch at each averaging
+      (second_moments.py); "local": left alone; "average": averaged.
     local_replicas: "mirrored" (default): the worker's devices sum their
       gradients every step, as in MirroredStrategy. "local_sgd": each device
       steps on its own gradient and the devices' copies are averaged at every
@@ -192,7 +192,7 @@ class OscarsStrategy(tf.distribute.Strategy):
   _collective_key_base = 0
 
   def __init__(self, schedule=None, devices=None, cluster_resolver=None,
-               optimizer_state="local", communication="auto",
+               optimizer_state="group_variance", communication="auto",
                collective_timeout=300.0, local_replicas="mirrored",
                simulate_step_time=None, outer_optimizer=None, logdir=None,
                straggler_timeout=None, averaging_dtype=None,
@@ -290,8 +290,8 @@ class OscarsStrategy(tf.distribute.Strategy):
     """Names what a custom training loop averages (Keras fit does it itself).
 
     Without it a custom loop averages the variables its optimizer updates.
-    With it: `model`'s trainable and non-trainable weights, and with
-    `optimizer_state="average"` the optimizer's slot variables.
+    With it: `model`'s weights, and the optimizer's slots (averaged, or by
+    default its Adam second moments rescaled: see `optimizer_state`).
     """
     self.extended.track(model, optimizer)
 

@@ -3,8 +3,9 @@ every member: workers dropped or rejoining (`with_members`), a group left
 with no sound member (`with_sound_groups`), who arrived with how many steps
 and whose data ran out (`with_arrivals`), the epoch's end
 (`fit_to_epoch`), whole multiples of Keras' steps per call (`quantized`),
-and each worker's weights when some are unsound (`healthy_weight`,
-`host_part`). Pure Python.
+each worker's weights when some are unsound (`healthy_weight`,
+`host_part`), and how many members' noise a group's average holds
+(`effective_group_size`). Pure Python.
 """
 
 import dataclasses
@@ -231,3 +232,16 @@ def fit_to_epoch(p: Plan, remaining_steps: int, weighting="work") -> Plan:
   return dataclasses.replace(
       p, time_budget=budget, local_steps=steps, groups=groups,
       weights=weights, update_scales=scales, global_sync=True, epoch_end=True)
+
+
+def effective_group_size(plan: Plan, me: int) -> float:
+  """How many members' worth of independent gradient noise the weighted
+  average of `me`'s group holds: (sum w)^2 / sum w^2 over the group's
+  weights (its size for equal weights, 1 alone, less when some weigh more).
+  Adam's second moment is rescaled by it (`optimizer_state=
+  "group_variance"`)."""
+  weights = [plan.weights[j] for j in plan.group_of(me)]
+  squares = sum(w * w for w in weights)
+  if squares <= 0:
+    return 1.0
+  return max(1.0, sum(weights) ** 2 / squares)
