@@ -115,4 +115,4 @@ class SecondMoments:
           updates.append(start.assign(tf.where(
               tf.math.is_finite(new), new, tf.zeros_like(new))))
     with tf.control_dependencies(updates):
-      return self._t0.assign(t)
+      return tf.group(self._t0.assign(t))
