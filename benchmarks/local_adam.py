@@ -150,12 +150,12 @@ class _Run:
         self._average(replicas, moments)
     return self.bits_per_byte(replicas[0][0])
 
-  def _average(self, replicas, second_moments):
+  def _average(self, replicas, moments_of_replicas):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     mean = mean_of([m.get_weights() for m, _, _ in replicas])
     for m, _, _ in replicas:
       m.set_weights(mean)
-    for moments in second_moments:  # the product's rule, as a group's
+    for moments in moments_of_replicas:  # the product's rule, a group's
       moments.rescale(tf.constant(float(FLAGS.workers)))
     if FLAGS.optimizer_state == "average":
       slots = [[v for v in o.variables if v is not o.iterations]
