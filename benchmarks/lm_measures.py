@@ -61,9 +61,15 @@ def period_histogram(result):
 
 
 def round_ends(result):
-  """(averagings, how many ended at an epoch end) in the chief's rounds."""
+  """(averagings, how many ended at an epoch end) in the chief's rounds.
+  A round in which the chief was alone in its group (a worker alone on its
+  host, between global syncs: the slow-link profiles put each worker on a
+  host of its own) averaged nothing, and is not counted."""
   rounds = result.get("rounds") or []
-  return len(rounds), sum(1 for r in rounds if r.get("epoch_end"))
+  groups = result.get("round_groups") or [None] * len(rounds)
+  averaged = [r for r, g in zip(rounds, groups)
+              if not any(list(members) == [0] for members in g or ())]
+  return len(averaged), sum(1 for r in averaged if r.get("epoch_end"))
 
 
 def compute_ideal(limits):

@@ -41,6 +41,16 @@ def test_periods_by_powers_of_two_and_rounds_ended_by_an_epoch_end():
   assert lm_measures.round_ends({}) == (0, 0)
 
 
+def test_a_round_the_chief_spent_alone_is_not_an_averaging():
+  # Each worker on a host of its own: host groups of one between global
+  # syncs (the chief is worker 0).
+  alone, everyone = [[0], [1], [2]], [[0, 1, 2]]
+  result = {"rounds": [{"epoch_end": False}, {"epoch_end": False},
+                       {"epoch_end": True}, {"epoch_end": True}],
+            "round_groups": [alone, everyone, alone, [[0, 2], [1]]]}
+  assert lm_measures.round_ends(result) == (2, 1)
+
+
 def test_the_compute_ideal_is_the_sum_of_rates_over_n_slowest():
   assert lm_measures.compute_ideal([1, 1, 0.5, 0.25]) == pytest.approx(2.75)
   assert lm_measures.compute_ideal([0.5, 0.5]) == pytest.approx(1.0)

@@ -34,7 +34,9 @@ def _setup(params):
                     _task_index() else 0))),
       devices=devices, collective_timeout=params.get("timeout", 60),
       straggler_timeout=params.get("straggler_timeout"),
-      optimizer_state=params.get("optimizer_state", "group_variance"),
+      # The product's default unless a test names one.
+      **({"optimizer_state": params["optimizer_state"]}
+         if "optimizer_state" in params else {}),
       simulate_step_time=params.get("simulate", ""),
       outer_optimizer=(oscars_tf.schedules.OuterMomentum(**params["outer"])
                        if "outer" in params else None),
