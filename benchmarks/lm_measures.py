@@ -67,8 +67,7 @@ def round_ends(result):
   host of its own) averaged nothing, and is not counted."""
   rounds = result.get("rounds") or []
   groups = result.get("round_groups") or [None] * len(rounds)
-  averaged = [r for r, g in zip(rounds, groups)
-              if not any(list(members) == [0] for members in g or ())]
+  averaged = [r for r, g in zip(rounds, groups) if [0] not in (g or [])]
   return len(averaged), sum(1 for r in averaged if r.get("epoch_end"))
 
 
