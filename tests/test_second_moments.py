@@ -80,6 +80,30 @@ def test_a_member_alone_keeps_its_second_moment(keras):
   np.testing.assert_allclose(velocity.numpy(), before, rtol=1e-6)
 
 
+@pytest.mark.parametrize("keras", _flavours())
+def test_a_round_alone_is_not_an_averaging_for_the_next_one(keras):
+  """A worker alone in its group averages nothing (each worker of the
+  language model's slow_links profile is a host of its own, so alone
+  between global syncs): the next real averaging rescales everything v
+  gained since the last one, the lone round's steps included."""
+  rng = np.random.default_rng(2)
+  gradients = 0.3 + rng.normal(size=(20, 5)).astype(np.float32)
+  optimizer, var = _stepped(keras, gradients[:1])
+  moments = second_moments.SecondMoments(optimizer)
+  velocity = optimizer._velocities[0]  # pylint: disable=protected-access
+  momentum = optimizer._momentums[0]  # pylint: disable=protected-access
+  v0 = velocity.numpy().copy()
+  for g in gradients[1:10]:
+    optimizer.apply_gradients([(tf.constant(g), var)])
+  moments.rescale(tf.constant(1.0))  # the lone round
+  for g in gradients[10:]:
+    optimizer.apply_gradients([(tf.constant(g), var)])
+  v, m = velocity.numpy().copy(), momentum.numpy().copy()
+  moments.rescale(tf.constant(4.0))  # the global sync
+  np.testing.assert_allclose(velocity.numpy(),
+                             _expected(v, v0, m, 20, 1, 4.0), rtol=1e-5)
+
+
 def test_non_finite_moments_are_left_for_the_poison_guard():
   import keras  # pylint: disable=g-import-not-at-top
   optimizer, _ = _stepped(keras, [[1.0, 2.0]])

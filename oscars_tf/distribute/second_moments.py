@@ -18,11 +18,14 @@ one, from v0 (its value then) over the t - t0 steps since:
     v = beta_2^(t - t0) * v0 + min(increment, mean part)
         + max(increment - mean part, 0) / n
 
-where n is the group's effective size (`plan_changes.effective_group_size`;
-1 alone, where this changes nothing). The mean part stays, the noise part
-shrinks to the group's. Only the round's increment is rescaled, never v
-again, and the first moment is left alone. Raw (not bias-corrected) v
-accumulates like the corrected one, so the rule works on Keras' raw slots.
+where n is the group's effective size (`plan_changes.effective_group_size`).
+Alone (n = 1) nothing was averaged: v, v0 and t0 stay, so the next
+averaging rescales the lone round's increment too (where every worker is
+a host of its own, each round between global syncs is alone). The mean
+part stays, the noise part shrinks to the group's. Only the round's
+increment is rescaled, never v again, and the first moment is left alone.
+Raw (not bias-corrected) v accumulates like the corrected one, so the rule
+works on Keras' raw slots.
 
 Optimizers with `_momentums`, `_velocities`, `beta_1` and `beta_2` (Keras 3
 and tf_keras: Adam, AdamW, Nadam, Lamb) are rescaled; others (SGD,
@@ -91,13 +94,19 @@ class SecondMoments:
 
   def rescale(self, group_size):
     """Op: every second moment's increment since the last averaging
-    rescaled to a group of `group_size` (a float32 scalar tensor)."""
+    rescaled to a group of `group_size` (a float32 scalar tensor). A
+    member alone (1, and one local replica) averaged nothing: its moments
+    and their start stay, so the next averaging rescales the lone round's
+    steps too."""
     if not self.active:
       return tf.no_op()
+    n = group_size * self._local_replicas
+    return tf.cond(n > 1.0, lambda: self._rescaled(n), tf.no_op)
+
+  def _rescaled(self, n):
     t = tf.cast(self._t, tf.float32)
     decay = tf.pow(self._beta_2, tf.maximum(t - self._t0, 0.0))
     first_bias = 1.0 - tf.pow(self._beta_1, tf.maximum(t, 1.0))
-    n = group_size * self._local_replicas
     updates = []
     for m, v, start in self._pairs:
       with tf.device(v.device):
