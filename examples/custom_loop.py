@@ -34,7 +34,7 @@ def main(argv):
   with strategy.scope():
     model = models.build("mlp", x.shape[1:], 10)
     optimizer = keras.optimizers.SGD(FLAGS.learning_rate, momentum=0.9)
-  strategy.track(model)
+  strategy.track(model, optimizer)  # what is averaged (loops.train does too)
 
   def report(epoch, loss):
     _, accuracy = loops.evaluate(model, x_test, y_test)

@@ -84,6 +84,10 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
     raise ValueError(f"batch size {batch_size} does not split evenly over "
                      f"this worker's {replicas} devices.")
   oscars = _is_oscars(strategy)
+  if oscars:
+    # The model's weights and the optimizer's slots, as fit averages them
+    # (Adam's second moments corrected under optimizer_state's default).
+    strategy.track(model, optimizer)
 
   def dataset_fn(ctx):
     if dataset is not None:

@@ -75,9 +75,10 @@ flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
                      "and each epoch's data order a function of --seed and "
                      "the epoch alone (fit then runs one epoch per call). "
                      "Needs a schedule that does not depend on timing "
-                     "(--strategy=local_sgd or sync) and, with momentum or "
-                     "adam, --optimizer_state=average (the checkpoint holds "
-                     "the chief's optimizer state).")
+                     "(--strategy=local_sgd or sync, or TensorFlow's "
+                     "mirrored ones) and, with local_sgd or sync and "
+                     "momentum or adam, --optimizer_state=average (the "
+                     "checkpoint holds the chief's optimizer state).")
 flags.DEFINE_boolean("nan_on_sigusr1", False, "For fault tests (fit only): "
                      "SIGUSR1 turns this worker's weights NaN at its next "
                      "step, as a diverged worker's would be.")
@@ -140,6 +141,22 @@ def _ps_flags(values):
   return values["strategy"] != "parameter_server" or not (
       values["loop"] == "fit" or values["checkpoint_dir"] or
       values["deterministic"] or values["nan_on_sigusr1"])
+
+
+@flags.multi_flags_validator(
+    ["deterministic", "strategy", "optimizer", "optimizer_state"],
+    message="--deterministic needs a schedule that does not depend on timing "
+    "(--strategy=local_sgd or sync, or TensorFlow's mirrored ones, not "
+    "oscars) and, with OscarsStrategy and --optimizer=momentum or adam, "
+    "--optimizer_state=average")
+def _deterministic_supported(values):
+  if not values["deterministic"]:
+    return True
+  if values["strategy"] == "oscars":
+    return False
+  return (values["strategy"] not in ("local_sgd", "sync") or
+          values["optimizer"] == "sgd" or
+          values["optimizer_state"] == "average")
 
 
 def _uses_custom_loop():

@@ -10,6 +10,7 @@ standard library: every layer may use it.
 
 import math
 import numbers
+import sys
 
 
 def is_number(value):
@@ -61,6 +62,20 @@ def number_in(owner, name, value, low, high, *, include_low=True,
                 f"{high}{']' if include_high else ')'}")
     fail(owner, name, f"in {interval}", value)
   return float(value)
+
+
+def boolean(owner, name, value):
+  """A bool (NumPy's included): "no" or 0 is not taken as a yes/no."""
+  if not isinstance(value, (bool, _numpy_bools())):
+    fail(owner, name, "True or False", value)
+  return bool(value)
+
+
+def _numpy_bools():
+  """NumPy's bool type where NumPy is loaded, else none (this module
+  imports the standard library only)."""
+  numpy = sys.modules.get("numpy")
+  return (numpy.bool_,) if numpy is not None else ()
 
 
 def one_of(owner, name, value, choices):

@@ -140,8 +140,9 @@ class Adaptive(Schedule):
       noise moves no one), so a run makes few distinct groups.
     max_group_size: None (default: at most 64 members,
       planner.DEFAULT_MAX_GROUP_SIZE, which keeps a ring all-reduce's
-      2(N-1) latencies near 0.1 s) or an int >= 2. A global sync is not
-      bound by it: it goes host by host.
+      2(N-1) latencies near 0.1 s) or an int >= 2. A global sync goes
+      host by host and keeps every ring within it too (racks of hosts past
+      it).
     max_groupings: None (default: 16) or an int >= 1: the most distinct
       groupings a run makes; past them a regroup reuses the best fitting
       one made before, so drifting rates never make new collective groups
@@ -149,7 +150,9 @@ class Adaptive(Schedule):
     global_every: 4, rounds between global syncs (when groups are smaller
       than the cluster); adapted within [1, max_global_every=64] when
       `adaptive_global`, from the divergence measured at each global sync
-      (how far groups drifted apart) against divergence_low / _high.
+      (how far groups drifted apart) against divergence_low / _high. It may
+      start above max_global_every (1000: global syncs all but never);
+      the first adaptation brings it within.
     weighting: "work" (default: by local steps), "equal", or "normalized"
       (FedNova: each member's update divided by its local steps, so fast
       workers don't bias the model).
@@ -186,7 +189,7 @@ class Adaptive(Schedule):
                straggler_ratio=0.25, max_staleness=3, max_overshoot=None,
                min_utilization=DEFAULT_MIN_UTILIZATION):
     self.period_rule = CostAware() if period_rule is None else period_rule
-    if not isinstance(self.period_rule, period_rules.PeriodRule):
+    if not period_rules.is_rule(self.period_rule):
       raise TypeError("Adaptive: `period_rule` must be CostAware(), "
                       "AdaComm(), QuadraticSync(), DivergenceBand() or "
                       f"Constant(), got {period_rule!r}.")
@@ -206,9 +209,13 @@ class Adaptive(Schedule):
                           count("max_groupings", max_groupings))
     self.global_every = count("global_every", global_every)
     self.max_global_every = count("max_global_every", max_global_every)
-    self.adaptive_global = bool(adaptive_global)
+    self.adaptive_global = arguments.boolean("Adaptive", "adaptive_global",
+                                             adaptive_global)
     self.divergence_low = number("divergence_low", divergence_low)
     self.divergence_high = number("divergence_high", divergence_high)
+    if self.divergence_low >= self.divergence_high:
+      raise ValueError("Adaptive: need divergence_low < divergence_high, "
+                       f"got {divergence_low}, {divergence_high}.")
     self.weighting = arguments.one_of("Adaptive", "weighting", weighting,
                                       WEIGHTINGS)
     self.straggler_ratio = number("straggler_ratio", straggler_ratio)
@@ -278,7 +285,7 @@ class OuterMomentum:
         "OuterMomentum", "learning_rate", learning_rate)
     self.momentum = arguments.number_in("OuterMomentum", "momentum", momentum,
                                         0, 1)
-    self.nesterov = bool(nesterov)
+    self.nesterov = arguments.boolean("OuterMomentum", "nesterov", nesterov)
 
   def config(self):
     return {"outer": "OuterMomentum", "learning_rate": self.learning_rate,

@@ -45,6 +45,9 @@ class StepTimeProfile:
 
   @classmethod
   def parse(cls, spec: str) -> "StepTimeProfile":
+    if spec is not None and not isinstance(spec, str):
+      raise ValueError("simulate_step_time must be a string such as "
+                       f"'20ms*1,1,2,4', got {spec!r}.")
     if not spec or not spec.strip():
       return cls(0.0, (), (), "")
     head, *changes = spec.split(";")
@@ -72,6 +75,19 @@ class StepTimeProfile:
     if base < 0:
       raise ValueError(f"simulate_step_time {spec!r}: BASE must be >= 0.")
     return cls(base, tuple(mults), tuple(parsed), spec)
+
+  def check_workers(self, num_workers: int):
+    """Raises ValueError if the spec names workers a cluster of
+    `num_workers` does not have (a spec written for another job)."""
+    if len(self.multipliers) > num_workers:
+      raise ValueError(
+          f"simulate_step_time {self.spec!r}: {len(self.multipliers)} "
+          f"multipliers for {num_workers} workers.")
+    for w, _, _, _ in self.changes:
+      if w >= num_workers:
+        raise ValueError(
+            f"simulate_step_time {self.spec!r}: worker {w} changes, but "
+            f"the workers are 0..{num_workers - 1}.")
 
   @property
   def active(self) -> bool:

@@ -138,10 +138,19 @@ def test_simulated_step_time_reaches_the_workers_and_is_labelled():
   assert "worker 1 sleeps 60.0 ms per step" in proc.stderr
 
 
-def test_bad_simulated_step_time_is_a_usage_error():
-  proc = _launch(["--num_workers", "2", "--simulate_step_time", "fast"],
-                 "pass")
-  assert proc.returncode != 0 and "simulate_step_time" in proc.stderr
+@pytest.mark.parametrize("spec, says", [
+    ("fast", "not a time"),
+    # Written for another job: more multipliers, or a change of a worker
+    # the job does not have.
+    ("20ms*1,2,3", "3 multipliers for 2 workers"),
+    ("20ms;2:4x@60s", "worker 2 changes"),
+])
+def test_bad_simulated_step_time_is_a_usage_error(spec, says):
+  proc = _launch(["--num_workers", "2", "--simulate_step_time", spec],
+                 "print('started')")
+  assert proc.returncode != 0 and "--simulate_step_time" in proc.stderr
+  assert says in proc.stderr and "Traceback" not in proc.stderr
+  assert "started" not in proc.stdout
 
 
 def test_restarts_start_every_worker_again_after_the_chief_dies():

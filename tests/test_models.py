@@ -84,3 +84,22 @@ def test_the_custom_loop_trains_on_a_text_stream_with_fits_loss():
   # A mean over the bytes, as fit's loss (not a sum over each window):
   # about ln(256) = 5.5 nats at the start, less after a few steps.
   assert 3 < losses[1] < losses[0] < 6, losses
+
+
+def test_the_custom_loop_tracks_the_model_and_optimizer_under_oscars():
+  # Without `track`, Adam's second moments would go uncorrected at the
+  # averagings (optimizer_state's default) and "average" would fail.
+  import keras  # pylint: disable=g-import-not-at-top
+
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=oscars_tf.schedules.Fixed(every=2))
+  x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+  y = (x[:, 0] > 0).astype(np.int64)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam(1e-2)
+  losses, stats = loops.train(strategy, model, optimizer, x, y, 8, 1)
+  averaged = strategy.extended._averaged  # pylint: disable=protected-access
+  assert averaged.model is model and averaged.optimizer is optimizer
+  assert stats["steps"] == 4 and np.isfinite(losses[0])

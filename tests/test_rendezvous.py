@@ -225,6 +225,9 @@ def _flags(*args):
 @pytest.mark.parametrize("args, error", [
     (["--nnodes=2"], "--nnodes=2: needs --rendezvous HOST:PORT"),
     (["--node_rank=1"], "--node_rank: needs --nnodes > 1"),
+    # On one node these would do nothing (a worker's flags go after --).
+    (["--join_timeout=5"], "--join_timeout: needs --nnodes > 1"),
+    (["--job_id=x"], "--job_id: needs --nnodes > 1"),
     (["--nnodes=2", "--node_rank=2", "--rendezvous=127.0.0.1:9"],
      "--node_rank=2: not in 0..1 (--nnodes=2)"),
     (["--nnodes=2", "--rendezvous=127.0.0.1"],

@@ -4,6 +4,7 @@ import dataclasses
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from oscars_tf import schedules
@@ -224,6 +225,16 @@ def test_cost_aware_rejects_a_bad_base():
     schedules.CostAware(base="adacomm")
   with pytest.raises(TypeError, match="base"):
     schedules.CostAware(base=schedules.CostAware())
+  with pytest.raises(TypeError, match="base"):
+    schedules.CostAware(base=schedules.AdaComm)  # the class, not a rule
+
+
+def test_yes_no_arguments_take_bools_only():
+  assert schedules.Adaptive(adaptive_global=np.bool_(False)).adaptive_global \
+      is False
+  assert schedules.OuterMomentum(nesterov=False).nesterov is False
+  with pytest.raises(ValueError, match="nesterov"):
+    schedules.OuterMomentum(nesterov="False")  # bool("False") is True
 
 
 def test_the_default_period_follows_the_averaging_cost():
@@ -259,6 +270,10 @@ def test_a_row_without_a_sync_cost_reads_as_unmeasured():
     ({"straggler_ratio": -1}, "straggler_ratio"),
     ({"max_staleness": -1}, "max_staleness"),
     ({"period_rule": "adacomm"}, "period_rule"),
+    # A rule's class has init and update too: refused, not failed later.
+    ({"period_rule": schedules.AdaComm}, "period_rule"),
+    ({"divergence_low": 0.5, "divergence_high": 0.01}, "divergence_low <"),
+    ({"adaptive_global": "no"}, "adaptive_global"),
 ])
 def test_adaptive_rejects_bad_arguments(kwargs, match):
   with pytest.raises((ValueError, TypeError), match=match):

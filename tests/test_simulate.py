@@ -36,3 +36,17 @@ def test_description_says_simulated():
 def test_bad_specs_are_clear_errors(spec):
   with pytest.raises(ValueError, match="simulate_step_time"):
     StepTimeProfile.parse(spec)
+
+
+@pytest.mark.parametrize("spec", [0.02, 20, b"20ms"])
+def test_a_spec_that_is_not_a_string_is_a_clear_error(spec):
+  with pytest.raises(ValueError, match="must be a string"):
+    StepTimeProfile.parse(spec)
+
+
+def test_a_spec_for_another_job_names_the_workers_it_lacks():
+  StepTimeProfile.parse("20ms*1,2;1:3x@5").check_workers(2)  # fits
+  with pytest.raises(ValueError, match="3 multipliers for 2 workers"):
+    StepTimeProfile.parse("20ms*1,2,4").check_workers(2)
+  with pytest.raises(ValueError, match=r"worker 2 changes.*0\.\.1"):
+    StepTimeProfile.parse("20ms;2:4x@60s").check_workers(2)

@@ -171,6 +171,8 @@ def test_custom_training_loop_counts_steps(oscars):
     ({"averaging_dtype": "bf16"}, ValueError, "`averaging_dtype`.*bfloat16"),
     ({"averaging_dtype": tf.float64}, ValueError, "`averaging_dtype`"),
     ({"averaging_dtype": "int8"}, ValueError, "float16"),
+    ({"logdir": 123}, ValueError, "`logdir` must be a directory's path"),
+    ({"simulate_step_time": 0.02}, ValueError, "must be a string"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, error, match):
   with pytest.raises(error, match=match):

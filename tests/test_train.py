@@ -60,6 +60,11 @@ def _train(*flags, timeout=120):
                                    "--outer_momentum"]),
     ("--outer_momentum=0.9 --outer_learning_rate=0",
      ["--outer_learning_rate", "must be > 0"]),
+    ("--outer_momentum=0.5 --strategy=mirrored",
+     ["--outer_momentum", "OscarsStrategy only"]),
+    ("--deterministic", ["--deterministic", "local_sgd", "not oscars"]),
+    ("--deterministic --strategy=local_sgd --optimizer=adam",
+     ["--deterministic", "--optimizer_state=average"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(*flag.split(), timeout=60)

@@ -59,7 +59,8 @@ flags.DEFINE_integer("global_every", 4, "oscars: rounds between global "
                      "syncs when groups are smaller than the cluster.",
                      lower_bound=1)
 flags.DEFINE_integer("max_group_size", None, "oscars: most members of a "
-                     "group (default: 64); a global sync goes host by host.",
+                     "group (default: 64); global syncs keep their rings "
+                     "within it too.",
                      lower_bound=2)
 flags.DEFINE_integer("max_groupings", None, "oscars: most distinct "
                      "groupings a run makes (default: 16).", lower_bound=1)
@@ -183,6 +184,15 @@ def _heartbeats_are_mirrored(values):
 
 
 @flags.multi_flags_validator(
+    ["strategy", "outer_momentum"],
+    message="--outer_momentum applies to OscarsStrategy only (--strategy="
+    "oscars, local_sgd or sync): TensorFlow's strategies have no outer step")
+def _outer_momentum_is_oscars(values):
+  return values["outer_momentum"] is None or values["strategy"] in (
+      "oscars", "local_sgd", "sync")
+
+
+@flags.multi_flags_validator(
     ["outer_momentum", "outer_learning_rate"],
     message="--outer_learning_rate needs --outer_momentum (0 for an outer "
     "step without momentum)")
@@ -241,9 +251,10 @@ def _configure_heartbeats(resolver, seconds):
   with `seconds` of heartbeat timeout (it keeps a service configured before
   it: collective_all_reduce_strategy.py)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.runtime.server import coordination_config_pb2  # pylint: disable=g-import-not-at-top
   resolver = resolver or (
       tf.distribute.cluster_resolver.TFConfigClusterResolver())
   spec = resolver.cluster_spec()

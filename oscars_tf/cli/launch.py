@@ -283,6 +283,8 @@ def _worker_env():
     from oscars_tf import simulate  # pylint: disable=g-import-not-at-top
     try:
       profile = simulate.StepTimeProfile.parse(FLAGS.simulate_step_time)
+      if FLAGS.nnodes == 1:  # across nodes: the job's size comes later
+        profile.check_workers(FLAGS.num_workers)
     except ValueError as e:
       raise app.UsageError(f"--simulate_step_time: {e}") from None
     for line in profile.describe(FLAGS.num_workers):

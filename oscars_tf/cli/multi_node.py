@@ -73,10 +73,13 @@ def check_flags(fv):
   """With --nnodes > 1, the (host, port) of --rendezvous; None with 1.
   app.UsageError, one line, for flags that cannot work together."""
   if fv.nnodes == 1:
-    if fv.node_rank or fv.rendezvous:
-      raise app.UsageError(
-          f"--{'node_rank' if fv.node_rank else 'rendezvous'}: needs "
-          "--nnodes > 1")
+    # Given on one node they would do nothing: the strategy's own
+    # --join_timeout, say, belongs after `--`, with the worker's flags.
+    for name in ("node_rank", "rendezvous", "job_id", "join_timeout"):
+      if fv[name].value if name in ("node_rank", "rendezvous") else fv[
+          name].present:
+        raise app.UsageError(f"--{name}: needs --nnodes > 1 (a worker's "
+                             "flags go after `--`)")
     return None
   if not fv.rendezvous:
     raise app.UsageError(f"--nnodes={fv.nnodes}: needs --rendezvous "

@@ -68,6 +68,12 @@ class RuleState:
     return {}
 
 
+def is_rule(value):
+  """Whether `value` is a period rule: an instance (a rule's class has
+  `init` and `update` too, unbound)."""
+  return isinstance(value, PeriodRule) and not isinstance(value, type)
+
+
 @runtime_checkable
 class PeriodRule(Protocol):
   """What `Adaptive(period_rule=)` and `CostAware(base=)` take."""
@@ -211,7 +217,7 @@ class CostAware:
                        f"smoothing <= 1, got max_overhead={max_overhead!r}, "
                        f"smoothing={smoothing!r}.")
     self.base = AdaComm() if base == "AdaComm" else base
-    if self.base is not None and (not isinstance(self.base, PeriodRule) or
+    if self.base is not None and (not is_rule(self.base) or
                                   isinstance(self.base, CostAware)):
       raise TypeError("CostAware: `base` must be None or a period rule "
                       "(AdaComm(), QuadraticSync(), DivergenceBand(), "

@@ -13,9 +13,17 @@ import signal
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
 from tensorflow.python.eager import context
+
+# The proto's module moved between TensorFlow releases (newest first).
+try:
+  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+except ImportError:  # pragma: no cover (the installed release decides)
+  try:
+    from tensorflow.tsl.protobuf import coordination_config_pb2
+  except ImportError:
+    from tensorflow.core.protobuf import coordination_config_pb2
 
 from oscars_tf import cluster as cluster_lib
 from oscars_tf.errors import ClusterConfigError
