@@ -150,6 +150,7 @@ def train(strategy, model, optimizer, x, y, batch_size, epochs,
         break  # rejoined after a stall: the cluster is at its last epoch
     if oscars:
       strategy.end_training()
+      strategy.write_timeline()  # as fit does at its end (with a logdir)
   stats["steps"] = step
   return losses, stats
 

@@ -61,7 +61,10 @@ def serve_unless_chief():
   kind = resolver.task_type
   if kind == "chief":
     return
-  if kind not in ("worker", "ps"):
+  # Without a chief no task would ever train or end the job: every one
+  # would serve forever.
+  if kind not in ("worker", "ps") or not {"chief", "ps"} <= set(
+      resolver.cluster_spec().jobs):
     sys.exit("train.py: --strategy=parameter_server needs a cluster with a "
              "chief, workers and ps tasks: oscars-launch --num_ps 1 ... "
              f"(this task is {kind!r})")

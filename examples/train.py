@@ -159,6 +159,23 @@ def _deterministic_supported(values):
           values["optimizer_state"] == "average")
 
 
+flags.register_validator(
+    "checkpoint_dir", lambda d: not d or not os.path.exists(d) or
+    os.path.isdir(d), message="--checkpoint_dir must be a directory (or not "
+    "exist yet), not a file")
+
+
+def _prepare_result_json():
+  """Makes --result_json's directory now, not after training (where a
+  missing one would lose the result)."""
+  if FLAGS.result_json:
+    try:
+      os.makedirs(os.path.dirname(os.path.abspath(FLAGS.result_json)),
+                  exist_ok=True)
+    except OSError as e:
+      sys.exit(f"train.py: --result_json={FLAGS.result_json}: {e}")
+
+
 def _uses_custom_loop():
   return FLAGS.loop == "custom" or FLAGS.strategy == "parameter_server" or (
       FLAGS.loop == "auto" and FLAGS.strategy == "multi_worker_mirrored")
@@ -174,6 +191,7 @@ def _optimizer(keras):
 
 def main(argv):
   del argv
+  _prepare_result_json()
   ps = FLAGS.strategy == "parameter_server"
   if ps:
     import ps_loop  # pylint: disable=g-import-not-at-top
@@ -219,7 +237,10 @@ def main(argv):
                           [models.bits_per_byte] if text else []),
                   steps_per_execution=FLAGS.steps_per_execution)
   resumed_from = checkpoint.newest(FLAGS.checkpoint_dir)
-  initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
+  try:
+    initial_epoch = checkpoint.restore(model, FLAGS.checkpoint_dir, strategy)
+  except ValueError as e:
+    sys.exit(f"train.py: --checkpoint_dir={FLAGS.checkpoint_dir}: {e}")
   if resumed_from:
     logging.info("resumed from %s (%s) at epoch %d, optimizer step %d",
                  FLAGS.checkpoint_dir, resumed_from["weights"],

@@ -141,7 +141,12 @@ def restore(model, directory, strategy=None):
         optimizer.build(model.trainable_variables)
     else:
       optimizer.build(model.trainable_variables)
-  model.load_weights(os.path.join(directory, state["weights"]))
+  path = os.path.join(directory, state["weights"])
+  try:
+    model.load_weights(path)
+  except (ValueError, OSError) as e:  # another model's, or a file gone
+    raise ValueError(f"the checkpoint {path} does not load into this model "
+                     f"(saved from another model, or damaged): {e}") from e
   _restore_outer(state, directory, strategy)
   return int(state["epoch"])
 

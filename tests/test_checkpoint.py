@@ -38,6 +38,19 @@ def test_save_then_restore_brings_back_weights_and_optimizer(tmp_path):
   assert checkpoint.restore(_model(2), str(tmp_path / "none")) == 0
 
 
+def test_another_models_checkpoint_is_one_clear_error(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  checkpoint.save(_model(1), str(tmp_path), epoch=1)
+  other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5)])
+  other.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse")
+  with pytest.raises(ValueError, match=r"epoch-1.weights.h5 does not load "
+                     r"into this model \(saved from another model"):
+    checkpoint.restore(other, str(tmp_path))
+  os.remove(tmp_path / "epoch-1.weights.h5")  # last.json names it still
+  with pytest.raises(ValueError, match="does not load into this model"):
+    checkpoint.restore(_model(2), str(tmp_path))
+
+
 def test_a_non_finite_model_never_replaces_a_good_checkpoint(tmp_path,
                                                              caplog):
   # Issue 43: an epoch end where every member was poisoned overwrote the

@@ -128,6 +128,20 @@ def test_a_worker_left_behind_by_the_finished_chief_is_killed(capsys):
           "dropped and never back); killed it.") in capsys.readouterr().err
 
 
+def test_without_keep_going_a_worker_left_behind_fails_the_job(capsys):
+  # --nokeep_going: the same stopped worker is killed too (no wait for
+  # ever), and, as any death there, fails the job.
+  job = worker_processes.Job(
+      [sys.executable, "-c", WORKER + "import signal\n"
+       "if i == 1:\n  os.kill(os.getpid(), signal.SIGSTOP)\n"], 2)
+  start = time.monotonic()
+  codes, failed = job.wait(timeout=60, grace=1, keep_going=False,
+                           after_chief=1.0)
+  assert failed == 1 and codes == [0, -signal.SIGKILL], codes
+  assert not job.lost and time.monotonic() - start < 30
+  assert "worker 1 still ran 1 s after the chief" in capsys.readouterr().err
+
+
 def test_simulated_step_time_reaches_the_workers_and_is_labelled():
   proc = _launch(["--num_workers", "2", "--simulate_step_time",
                   "20ms*1,3"],

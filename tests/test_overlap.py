@@ -299,3 +299,15 @@ def test_a_job_without_overlap_has_no_overlap_chart():
   charts = views.charts(dashboard_helpers.synthetic_job(2, 20))["charts"]
   assert "overlap_s" not in [c["id"] for c in charts]
   assert len(charts) == len(views.CHARTS) - 1
+
+
+def test_merging_without_timelines_is_one_line_not_a_traceback(tmp_path,
+                                                               capsys):
+  from oscars_tf.observability import summaries  # pylint: disable=g-import-not-at-top
+  assert summaries.main(["summaries", "merge", str(tmp_path)]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("summaries merge: no timeline_worker_*.json under")
+  assert "Traceback" not in err and err.count("\n") == 1
+  (tmp_path / "timeline_worker_0.json").write_text("{not json")
+  assert summaries.main(["summaries", "merge", str(tmp_path)]) == 1
+  assert capsys.readouterr().err.startswith("summaries merge: ")

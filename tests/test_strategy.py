@@ -172,6 +172,8 @@ def test_custom_training_loop_counts_steps(oscars):
     ({"averaging_dtype": tf.float64}, ValueError, "`averaging_dtype`"),
     ({"averaging_dtype": "int8"}, ValueError, "float16"),
     ({"logdir": 123}, ValueError, "`logdir` must be a directory's path"),
+    ({"logdir": "/proc/version/logs"}, ValueError,
+     "`logdir` '/proc/version/logs' cannot be made a directory"),
     ({"simulate_step_time": 0.02}, ValueError, "must be a string"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, error, match):

@@ -63,6 +63,9 @@ def _train(*flags, timeout=120):
     ("--outer_momentum=0.5 --strategy=mirrored",
      ["--outer_momentum", "OscarsStrategy only"]),
     ("--deterministic", ["--deterministic", "local_sgd", "not oscars"]),
+    ("--strategy=multi_worker_mirrored --simulate_step_time=fast",
+     ["--simulate_step_time", "20ms*1,1,2,4"]),
+    ("--strategy=oscars --period=4", ["--period", "--strategy=local_sgd"]),
     ("--deterministic --strategy=local_sgd --optimizer=adam",
      ["--deterministic", "--optimizer_state=average"]),
 ])
@@ -181,6 +184,12 @@ def test_strategy_flags_build_the_schedules_they_name():
     values(["prog", "--strategy=sync"])
     assert oscars_flags.make_schedule(values).every == 1
     values.unparse_flags()
+    for strategy in ("sync", "oscars"):  # a fixed period's flags: refused
+      values(["prog", f"--strategy={strategy}", "--warmup_steps=3"])
+      with pytest.raises(ValueError, match="--warmup_steps applies to "
+                         "--strategy=local_sgd"):
+        oscars_flags.make_schedule(values)
+      values.unparse_flags()
     values(["prog", "--period_rule=quadratic", "--grouping=speed",
             "--initial_period=32"])
     schedule = oscars_flags.make_schedule(values)
@@ -409,3 +418,38 @@ def test_parameter_server_outside_its_cluster_says_how_to_launch_it():
   proc = _train("--strategy=parameter_server", "--loop=fit", timeout=60)
   assert proc.returncode != 0
   assert "--loop=fit" in proc.stderr.strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "default"])
+def test_one_process_strategies_refuse_a_cluster(monkeypatch, strategy):
+  # Each task would train a model of its own and write the same files.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from oscars_tf.cli import flags as oscars_flags  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["localhost:1", "localhost:2"]},
+      "task": {"type": "worker", "index": 1}}))
+  values = flags.FLAGS
+  try:
+    values(["prog", f"--strategy={strategy}"])
+    with pytest.raises(ValueError, match=f"--strategy={strategy} trains on "
+                       "one process's devices, but this process is one of 2 "
+                       "tasks"):
+      oscars_flags.make_strategy(values)
+  finally:
+    values.unparse_flags()
+
+
+def test_parameter_server_without_a_chief_and_ps_exits_instead_of_serving():
+  # Without `oscars-launch --num_ps` every task is a worker: each one would
+  # serve forever, waiting for a chief that never comes.
+  env = dict(multiworker.worker_env(), TF_CONFIG=json.dumps({
+      "cluster": {"worker": ["localhost:1", "localhost:2"]},
+      "task": {"type": "worker", "index": 0}}))
+  proc = subprocess.run([sys.executable, TRAIN, "--strategy=parameter_server",
+                         "--loop=custom"], capture_output=True, text=True,
+                        timeout=120, env=env, check=False)
+  assert proc.returncode != 0
+  assert ("--strategy=parameter_server needs a cluster with a chief, "
+          "workers and ps tasks: oscars-launch --num_ps 1") in proc.stderr
+  assert "Traceback" not in proc.stderr

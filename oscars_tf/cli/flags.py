@@ -21,6 +21,7 @@ from absl import flags
 
 from oscars_tf import cluster
 from oscars_tf import schedules
+from oscars_tf import simulate
 
 STRATEGIES = ("oscars", "local_sgd", "sync", "mirrored",
               "multi_worker_mirrored", "parameter_server", "default")
@@ -206,13 +207,33 @@ flags.register_validator(
     message="--outer_learning_rate must be > 0")
 
 
+@flags.validator("simulate_step_time", message="--simulate_step_time: not "
+                 "a spec such as '20ms*1,1,2,4' or '20ms;2:4x@60s'")
+def _simulated_step_time_parses(spec):
+  try:
+    simulate.StepTimeProfile.parse(spec)
+  except ValueError:
+    return False
+  return True
+
+
+def _check_fixed_period_flags(f):
+  """ValueError for --period or --warmup_steps given to a strategy other
+  than local_sgd: its schedule would silently go its own way."""
+  given = [name for name in ("period", "warmup_steps") if f[name].present]
+  if given and f.strategy != "local_sgd":
+    raise ValueError(f"--{given[0]} applies to --strategy=local_sgd (a fixed "
+                     f"period), not --strategy={f.strategy}")
+
+
 def make_schedule(flag_values=FLAGS):
   """The `oscars_tf.schedules.Schedule` the flags describe (Oscars kinds)."""
   f = flag_values
-  if f.strategy == "sync":
-    return schedules.Fixed(every=1)
   if f.strategy == "local_sgd":
     return schedules.Fixed(every=f.period, warmup_steps=f.warmup_steps)
+  _check_fixed_period_flags(f)
+  if f.strategy == "sync":
+    return schedules.Fixed(every=1)
   if f.period_rule == "cost":
     rule = schedules.CostAware(max_overhead=f.max_overhead)
   else:
@@ -272,9 +293,21 @@ def _configure_heartbeats(resolver, seconds):
 
 def make_strategy(flag_values=FLAGS):
   """Builds the strategy the flags describe; call it before other TF ops."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   f = flag_values
+  _check_fixed_period_flags(f)  # before TensorFlow's import and its logs
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   resolver = make_resolver(f)
+  if f.strategy in ("default", "mirrored"):
+    # One machine's devices: in a cluster every task would train a model
+    # of its own and write the same files as the others.
+    spec = (resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver(
+        )).cluster_spec()
+    tasks = sum(spec.num_tasks(j) for j in spec.jobs)
+    if tasks > 1:
+      raise ValueError(
+          f"--strategy={f.strategy} trains on one process's devices, but "
+          f"this process is one of {tasks} tasks of a cluster: use "
+          "--strategy=multi_worker_mirrored or oscars (or run one process).")
   if f.strategy == "default":
     return tf.distribute.get_strategy()
   if f.strategy == "mirrored":

@@ -99,7 +99,7 @@ def _cluster_flags(fv):
       "--num_workers `worker` tasks and N `ps` tasks (log prefixes [chief], "
       "[0], [ps0]). The workers' and ps tasks' servers run until the chief "
       "exits; then the launcher stops them (SIGTERM, SIGKILL after "
-      "--grace_seconds) and the chief's exit code is the job's. Per-worker "
+      "--grace_seconds); the job succeeds when the chief exits 0. Per-worker "
       "settings (--simulate_step_time) apply to the `worker` tasks by "
       "index.", lower_bound=0, **fv)
   flags.DEFINE_boolean(

@@ -48,7 +48,8 @@ def run(command, env, coordinator, deadline, signals, limits, spaces,
       print(f"oscars-launch: worker(s) {dead} killed by a signal while "
             f"the others averaged with them: their collectives failed "
             f"(exit code {codes[failed]}); restarting all "
-            f"{fv.num_workers} workers from the newest saved state "
+            f"{fv.num_workers} workers from the newest saved state, if "
+            f"they keep one (--checkpoint_dir) "
             f"(lost-peer restart {lost_peer_restarts} of "
             f"{fv.lost_peer_restarts}).", file=sys.stderr)
       continue

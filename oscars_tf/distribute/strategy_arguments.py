@@ -4,6 +4,8 @@ TensorFlow or one that comes after the server started."""
 
 import os
 
+import tensorflow as tf
+
 from oscars_tf import arguments
 from oscars_tf import schedules as schedules_lib
 from oscars_tf import simulate as simulate_lib
@@ -64,9 +66,7 @@ def checked(schedule, optimizer_state, communication, collective_timeout,
   if overlap and overlap_lib.refuse_with(schedule):
     raise ValueError(f"{OWNER}: `overlap={overlap!r}` cannot go with "
                      f"{schedule!r}: {overlap_lib.refuse_with(schedule)}.")
-  if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
-    arguments.fail(OWNER, "logdir", "a directory's path (str or "
-                   "os.PathLike)", logdir)
+  _check_logdir(logdir)
   if simulate_step_time is None:
     simulate_step_time = os.environ.get("OSCARS_SIMULATE_STEP_TIME", "")
   profile = simulate_lib.StepTimeProfile.parse(simulate_step_time)
@@ -77,3 +77,17 @@ def checked(schedule, optimizer_state, communication, collective_timeout,
       outer_optimizer=outer_optimizer,
       averaging_dtype=averaging_dtype, compression=compression,
       overlap=overlap), join_timeout
+
+
+def _check_logdir(logdir):
+  """ValueError unless `logdir` is None or a directory there or made now."""
+  if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
+    arguments.fail(OWNER, "logdir", "a directory's path (str or "
+                   "os.PathLike)", logdir)
+  if logdir:
+    try:  # TensorFlow's file system: a bucket's path as well as a local one
+      tf.io.gfile.makedirs(os.fspath(logdir))
+    except (tf.errors.OpError, OSError) as e:
+      why = getattr(e, "message", None) or e
+      raise ValueError(f"{OWNER}: `logdir` {os.fspath(logdir)!r} cannot be "
+                       f"made a directory: {why}.") from None

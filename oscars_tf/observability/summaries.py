@@ -241,7 +241,11 @@ def main(argv):
   if len(args) != 2 or args[0] != "merge":
     print(f"usage: {USAGE}\nTry --help.", file=sys.stderr)
     return 1
-  print(merge_timelines(args[1]))
+  try:
+    print(merge_timelines(args[1]))
+  except (OSError, ValueError, KeyError) as e:  # no timelines, a bad file
+    print(f"summaries merge: {e}", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -221,19 +221,16 @@ class Job:
     lost peer, e.g. its link was cut) unless it was in a collective with a
     worker killed by a signal (its exit note says whom the collective met:
     exit_notes.py): it then ends the job, to be restarted from the
-    survivors' round states (see `lost_a_peer`). A worker that exits
-    with another error code still ends the job, since that is a bug or a
-    bad input every worker may share.
+    survivors' round states (see `lost_a_peer`). Any other error code
+    ends the job (a bug or a bad input every worker may share).
     In a ParameterServerStrategy job (`servers`), the job is done when the
     chief exits 0: the servers still running then get SIGTERM, SIGKILL
-    after `grace` (listed in `killed`), and failed is None; only worker
-    tasks can be lost. With `keep_going`, a worker still running
-    `after_chief` seconds after the chief finished (stopped, or dropped and
-    hung) gets SIGKILL and is lost: the chief's model is the result.
+    after `grace` (listed in `killed`); only worker tasks can be lost. A
+    worker running `after_chief` s after the chief finished (stopped, or
+    dropped and hung) gets SIGKILL: lost with `keep_going`, else failed.
     Past `timeout` seconds, failed is "timeout". Once `interrupt` (a
-    Signals) has received a signal, every worker gets that signal, then
-    SIGKILL after `grace`, and failed is "signal"; a further signal cuts
-    the grace period short (in any stop).
+    Signals) has received a signal, every worker gets it, then SIGKILL
+    after `grace`, and failed is "signal" (a further one cuts it short).
     """
     deadline = None if not timeout else time.monotonic() + timeout
     failed = None
@@ -272,8 +269,11 @@ class Job:
       if all(c == 0 or i in self.lost or i in self.servers
              for i, c in enumerate(codes)):
         break
-      if keep_going and self.tasks[0] == ("worker", 0) and codes[0] == 0:
-        self._kill_left_behind(codes, after_chief, t0)
+      if self.tasks[0] == ("worker", 0) and codes[0] == 0:
+        killed = self._kill_left_behind(codes, after_chief, t0, keep_going)
+        if killed and not keep_going:  # any death ends the job
+          failed = killed[0]
+          break
       if deadline and time.monotonic() > deadline:
         failed = "timeout"
         break
@@ -292,19 +292,23 @@ class Job:
       self._done()
     return [p.poll() for p in self.procs], failed
 
-  def _kill_left_behind(self, codes, after_chief, t0):
+  def _kill_left_behind(self, codes, after_chief, t0, lose=True):
     """Kills the workers still running `after_chief` s after the chief
     exited 0 (the chief waits for its members at exit: the rest were
-    dropped); they are lost."""
+    dropped); with `lose` they are lost. Returns their indices."""
     if time.time() - self.exit_times[0] < after_chief:
-      return
+      return []
+    killed = []
     for i, c in enumerate(codes):
       if c is None and self.tasks[i][0] == "worker" and i not in self.lost:
         _signal_group(self.procs[i], signal.SIGKILL)
-        self.lost[i] = (self.procs[i].wait(), time.monotonic() - t0)
+        killed.append(i)
+        lost = (self.procs[i].wait(), time.monotonic() - t0)
+        self.lost.update({i: lost} if lose else {})
         print(f"oscars-launch: {self.name(i)} still ran {after_chief:g} s "
               "after the chief finished (stalled, or dropped and never "
               "back); killed it.", file=sys.stderr)
+    return killed
 
   def _death_may_follow(self, codes, now):
     """Whether a worker's fresh exit 75 is not yet explained by a death
