@@ -193,7 +193,9 @@ class _Cases:
     return model.fit(ds, steps_per_epoch=N // BATCH // 3, epochs=2,
                      verbose=0, callbacks=cb)
 
-  def _py_dataset(self, **kwargs):
+  def _py_dataset(self, epoch_ends=None, **kwargs):
+    """A PyDataset (tf_keras: a Sequence); `epoch_ends`: a list its
+    `on_epoch_end` calls append to."""
     base = (self.keras.utils.PyDataset if self._k3()
             else self.keras.utils.Sequence)
     x, y = self.x, self.y
@@ -206,6 +208,10 @@ class _Cases:
         else:
           super().__init__()
 
+      def on_epoch_end(self):  # a user's reshuffle would go here
+        if epoch_ends is not None:
+          epoch_ends.append(time.time())
+
       def __len__(self):
         return (len(x) + BATCH - 1) // BATCH
 
@@ -214,7 +220,9 @@ class _Cases:
     return Batches()
 
   def py_dataset(self, model, cb):
-    return model.fit(self._py_dataset(), epochs=2, verbose=0, callbacks=cb,
+    self.epoch_hooks = []  # reported with the case (see run_cases)
+    return model.fit(self._py_dataset(self.epoch_hooks), epochs=2,
+                     verbose=0, callbacks=cb,
                      validation_data=self._py_dataset())
 
   def py_dataset_workers(self, model, cb):
@@ -423,7 +431,9 @@ def main(params):
         "seconds": time.perf_counter() - t0,
         # tf.data iterators deleted on the training thread at the end of a
         # `fit` (deleting one can block for seconds: deferred_release).
-        "iterators_freed_on_training_thread": freed_here}
+        "iterators_freed_on_training_thread": freed_here,
+        # The input's own on_epoch_end calls, where the case counts them.
+        "epoch_hooks": len(cases.__dict__.pop("epoch_hooks", []))}
     with open(path + ".tmp", "w") as f:
       json.dump(out, f)
     os.replace(path + ".tmp", path)

@@ -75,3 +75,38 @@ def test_a_worker_needs_only_one_batch_of_its_own():
     fit_inputs.check_has_samples(_batches(1), num_workers=2)
   with pytest.raises(ValueError, match="no training data"):
     fit_inputs.check_has_samples(_sharding_off(_batches(0)), num_workers=2)
+
+
+class _Planned:
+  """The parts of an extended `rewrite_fit_args` reads: worker 1 of 2,
+  planned epochs."""
+
+  def __init__(self):
+    import types  # pylint: disable=g-import-not-at-top
+    self.cluster = types.SimpleNamespace(num_workers=2, worker_index=1,
+                                         is_multi_worker=True, is_chief=False)
+    self.round_logs = types.SimpleNamespace(logdir="unused")
+    self.targets, self.orders = [], []
+    self.epochs = types.SimpleNamespace(
+        plans=lambda: True, set_target=self.targets.append,
+        read_in_order=lambda order, epoch: self.orders.append(order))
+
+
+@pytest.mark.parametrize("validation_batch_size, expected", [(None, 16),
+                                                             (4, 4)])
+def test_planned_arrays_validate_in_fits_batch_size(validation_batch_size,
+                                                    expected):
+  # The worker's share becomes a batched input (batch_size=None), which
+  # would leave Keras validating in batches of 32: a model of a fixed batch
+  # size fails there, and any model validates at another size than asked.
+  x = np.zeros((64, 2), np.float32)
+  args = dict(x=x, y=np.zeros(64), sample_weight=None, batch_size=16,
+              steps_per_epoch=None, shuffle=True, validation_split=0.0,
+              validation_data=(x, np.zeros(64)), initial_epoch=0,
+              validation_batch_size=validation_batch_size, callbacks=[],
+              verbose=0)
+  extended = _Planned()
+  assert fit_inputs.rewrite_fit_args(extended, args, keras3_inputs.FLAVOUR,
+                                     type(None))
+  assert args["batch_size"] is None and extended.targets[-1] == 4
+  assert args["validation_batch_size"] == expected

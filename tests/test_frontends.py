@@ -174,6 +174,17 @@ def test_tf_keras_matrix_progress_bar_never_counts_past_its_end(
   assert not past, past[:5]
 
 
+def test_tf_keras_matrix_a_sequence_hears_the_end_of_every_epoch(
+    tf_keras_matrix):
+  # Planned epochs stream a Sequence across the whole fit; its own
+  # on_epoch_end (where a user reshuffles) still runs at every epoch's end.
+  cases, _, result = tf_keras_matrix
+  assert "py_dataset" in cases
+  outs = _tfk_outputs(result, "py_dataset")
+  assert all(o["epoch_hooks"] >= o["epochs"] == 2 for o in outs), [
+      (o["epoch_hooks"], o["epochs"]) for o in outs]
+
+
 def test_tf_keras_matrix_checkpoint_by_chief_only(tf_keras_matrix):
   # `arrays` saves a ModelCheckpoint to <outdir>/ckpt.h5 every epoch.
   _, _, result = tf_keras_matrix

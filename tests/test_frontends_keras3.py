@@ -67,6 +67,14 @@ def test_every_input_kind_ends_with_identical_weights(matrix, case):
   assert outs[0]["epochs"] >= 1
 
 
+def test_a_py_dataset_hears_the_end_of_every_epoch(matrix):
+  # Planned epochs stream a PyDataset across the whole fit; its own
+  # on_epoch_end (where a user reshuffles) still runs at every epoch's end.
+  outs = _outputs(matrix, "py_dataset")
+  assert all(o["epoch_hooks"] >= o["epochs"] == 2 for o in outs), [
+      (o["epoch_hooks"], o["epochs"]) for o in outs]
+
+
 @pytest.mark.parametrize("case", cases())
 def test_the_cluster_trains_on_one_data_set_per_epoch(matrix, case):
   outs = _outputs(matrix, case)

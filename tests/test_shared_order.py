@@ -58,6 +58,21 @@ def test_a_partial_last_batch_tops_up_from_the_epochs_start():
   assert order.indices(2).tolist() == [20, 21, 22, 23, 24, 0, 1, 2, 3, 4]
 
 
+def test_with_steps_per_epoch_unshuffled_epochs_read_on_through_the_data():
+  # fit(x, y, shuffle=False, steps_per_epoch=...) shorter than the data:
+  # as in Keras, the next epoch goes on where the last one stopped, so
+  # every sample is trained on, not the first ones in every epoch.
+  order = shared_order.SharedOrder(100, 10, shuffle=False, epoch_steps=3)
+  for epoch in range(4):
+    order.add_slice(epoch, 0, 3)
+  firsts = [int(order.indices(step)[0]) for step in range(12)]
+  assert firsts == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 0, 10]
+  again = shared_order.SharedOrder(100, 10, shuffle=False)  # no epoch_steps
+  again.add_slice(0, 0, 3)
+  again.add_slice(1, 0, 3)
+  assert int(again.indices(3)[0]) == 0  # a whole epoch: each starts afresh
+
+
 def test_reads_are_by_step_so_a_second_stream_reads_the_same_batches():
   order = shared_order.SharedOrder(100, 10)
   order.add_slice(0, 3, 2)

@@ -448,3 +448,22 @@ def test_what_keras_3_cannot_train_is_a_clear_error_at_fit(
                   **compile_args)
   with pytest.raises(ValueError, match=match):
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_fit_on_a_model_built_outside_the_scope_is_one_clear_error(flavour):
+  keras = pytest.importorskip(flavour)
+  strategy = oscars_tf.OscarsStrategy()
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  x, y = np.ones((8, 4), np.float32), np.ones((8, 2), np.float32)
+  # Keras 3 compiles it and would fail deep inside fit with a bare
+  # AssertionError; tf_keras refuses it at compile, clearly, itself.
+  with strategy.scope(), pytest.raises(ValueError, match=(
+      "built outside `strategy.scope|not created in the distribution "
+      "strategy scope")):
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, verbose=0)
+  with strategy.scope():  # built inside: trains
+    inside = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    inside.compile(optimizer="sgd", loss="mse")
+  assert np.isfinite(inside.fit(x, y, verbose=0).history["loss"][0])

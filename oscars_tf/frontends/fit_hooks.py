@@ -68,7 +68,10 @@ class FitHooks:
     a stall missed epochs: it stops with the others, not at its own count).
     """
     votes = self._extended.average_numbers([1.0 if stop_training else 0.0])
+    # At its own last epoch `fit` ends by itself, as without the strategy
+    # (a stop there would skip the input's last on_epoch_end in tf_keras).
     return bool(votes[0] > 0) or (
+        epoch < self._epochs - 1 and
         self._extended.epochs.cluster_epoch(epoch) >= self._epochs - 1)
 
   def train_end(self):

@@ -140,8 +140,10 @@ def _arrays(inp, w, i, planned):
   if planned:
     # One order per epoch shared by all workers, cut by the plan: each
     # sample once per cluster epoch, however fast each worker is.
-    order = shared_order.SharedOrder(n, batch, shuffle=bool(inp.shuffle))
     cluster = inp.steps_per_epoch * w if inp.steps_per_epoch else -(-n // batch)
+    order = shared_order.SharedOrder(
+        n, batch, shuffle=bool(inp.shuffle),
+        epoch_steps=cluster if inp.steps_per_epoch else None)
     return FitInput(_planned(_ordered_batches(data, order, batch)),
                     shuffle=False, cluster_steps=cluster, order=order,
                     kind="arrays, planned (one shared order per epoch)")
@@ -282,6 +284,7 @@ def rewrite_fit_args(extended, args, flavour, tensorboard_type):
   if not info.is_multi_worker:
     return False
   x, y, sw = args["x"], args["y"], args["sample_weight"]
+  asked_batch_size = args["batch_size"]
   if (args["validation_split"] and args["validation_data"] is None and
       is_array_like(x)):
     (x, y, sw), args["validation_data"] = flavour.split_validation(
@@ -298,6 +301,9 @@ def rewrite_fit_args(extended, args, flavour, tensorboard_type):
               shuffle=inp.shuffle)
   planned = inp.cluster_steps is not None
   if planned:
+    if "validation_batch_size" in args:  # else Keras' 32 for validation
+      args["validation_batch_size"] = (args["validation_batch_size"] or
+                                       asked_batch_size)
     args.update(batch_size=None, steps_per_epoch=None)
     extended.epochs.set_target(inp.cluster_steps)
   extended.epochs.read_in_order(inp.order, args["initial_epoch"])

@@ -55,6 +55,19 @@ class StreamPyDataset(keras.utils.PyDataset):
   def __getitem__(self, i):
     return self.data[self._order.batch(i, len(self.data))]
 
+  # The adapter's one epoch spans the whole `fit`: its begin and end are
+  # the first epoch's begin and the last one's end; `next_epoch` comes
+  # between two agreed epochs, where Keras would call both.
+  def on_epoch_begin(self):
+    self.data.on_epoch_begin()
+
+  def on_epoch_end(self):
+    self.data.on_epoch_end()
+
+  def next_epoch(self):
+    self.data.on_epoch_end()
+    self.data.on_epoch_begin()
+
 
 def split_validation(arrays, fraction):
   # Keras' own split, so validation_split means what it means without us.
@@ -169,6 +182,10 @@ def _planned_iterator_class(base):
         self.data_adapter.on_epoch_begin()
         self._stream = iter(self._get_iterator())
         self._closed = False
+      else:  # a PyDataset's own epoch hooks, between agreed epochs
+        stream = getattr(self.data_adapter, "py_dataset", None)
+        if isinstance(stream, StreamPyDataset):
+          stream.next_epoch()
       # The first batch always: Keras also iterates before the first epoch
       # begins (to build the model from one batch), when the last `fit`'s
       # epoch is still over.

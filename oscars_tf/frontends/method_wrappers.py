@@ -64,6 +64,20 @@ class Frontend:
     extended = getattr(strategy, "extended", None)
     return extended if hasattr(extended, "unsharded") else None
 
+  def _refuse_outside_scope(self, model):
+    """ValueError for `fit` on a model built outside the scope of the
+    OscarsStrategy it is trained under (Keras 3 would fail deep inside
+    with a bare AssertionError)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    current = tf.distribute.get_strategy()
+    if (current is not getattr(model, self.strategy_attribute, None) and
+        hasattr(current.extended, "unsharded")):
+      raise ValueError(
+          "oscars_tf: this model was built outside `strategy.scope()` of the "
+          "OscarsStrategy it is trained under: build (and compile) it inside "
+          "`with strategy.scope():`, so that its variables are the "
+          "strategy's.")
+
   def wrap_fit(self, original):
     signature = inspect.signature(original)
 
@@ -71,6 +85,7 @@ class Frontend:
     def fit(model, *args, **kwargs):
       extended = self.extended_of(model)
       if extended is None:
+        self._refuse_outside_scope(model)
         return original(model, *args, **kwargs)
       bound = signature.bind(model, *args, **kwargs)
       bound.apply_defaults()

@@ -34,15 +34,20 @@ SEED = 0x05CA25  # the same on every worker: one order per epoch
 class SharedOrder:
   """This worker's batches of each epoch's shared sample order."""
 
-  def __init__(self, num_samples, batch_size, shuffle=True, timeout=None):
+  def __init__(self, num_samples, batch_size, shuffle=True, timeout=None,
+               epoch_steps=None):
     """`timeout`: seconds a read waits for its round's plan (None: until
-    the plan comes or `close`)."""
+    the plan comes or `close`). `epoch_steps`: the cluster's steps per
+    epoch where `fit` was given `steps_per_epoch`; unshuffled, epoch e then
+    reads on from where epoch e - 1 stopped (as Keras does), not from the
+    first sample again."""
     if num_samples < 1 or batch_size < 1:
       raise ValueError(f"SharedOrder needs samples and a batch size, got "
                        f"{num_samples} and {batch_size}.")
     self._n, self._batch = int(num_samples), int(batch_size)
     self._shuffle = shuffle
     self._timeout = timeout
+    self._epoch_steps = 0 if shuffle or not epoch_steps else int(epoch_steps)
     # This worker's parts in `fit`, in order: (its first step in them,
     # epoch, first batch of the epoch's order, batches).
     self._slices = []
@@ -90,7 +95,7 @@ class SharedOrder:
       at = bisect.bisect_right(self._slices, (step, math.inf)) - 1
       begin, epoch, first, _ = self._slices[at]
       order = self._order_of(epoch)
-    position = first + step - begin
+    position = first + step - begin + epoch * self._epoch_steps
     return order[(np.arange(self._batch) + position * self._batch) % self._n]
 
   def _order_of(self, epoch):

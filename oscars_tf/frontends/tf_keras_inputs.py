@@ -125,8 +125,11 @@ class _PlannedDataHandler(data_adapter.DataHandler):
     # One iterator for all epochs; the adapter's epoch end (which stops a
     # Sequence's loader threads or processes) once, when `fit` is over.
     iterator = iter(self._dataset)
+    stream = getattr(self._adapter, "_keras_sequence", None)
     try:
       for epoch in range(self._initial_epoch, self._epochs):
+        if epoch > self._initial_epoch and isinstance(stream, StreamSequence):
+          stream.data.on_epoch_end()  # the user's, between agreed epochs
         yield epoch, iterator
     finally:
       self._adapter.on_epoch_end()
