@@ -111,7 +111,12 @@ def test_a_job_whose_last_task_cannot_start_stops_the_ones_started():
   assert not left, left
 
 
-def test_a_worker_left_behind_by_the_finished_chief_is_killed(capsys):
+# keep_going: the worker is lost and the job succeeds; --nokeep_going: it
+# is killed too (no wait for ever) and, as any death there, fails the job.
+@pytest.mark.parametrize("keep_going, failed_as, lost", [(True, None, [1]),
+                                                         (False, 1, [])])
+def test_a_worker_left_behind_by_the_finished_chief_is_killed(
+    capsys, keep_going, failed_as, lost):
   # Issue 43: a dropped worker stopped for good (SIGSTOP, a hang) kept the
   # launcher waiting after the others had finished: without --timeout,
   # forever.
@@ -119,27 +124,13 @@ def test_a_worker_left_behind_by_the_finished_chief_is_killed(capsys):
       [sys.executable, "-c", WORKER + "import signal\n"
        "if i == 1:\n  os.kill(os.getpid(), signal.SIGSTOP)\n"], 2)
   start = time.monotonic()
-  codes, failed = job.wait(timeout=60, grace=1, keep_going=True,
+  codes, failed = job.wait(timeout=60, grace=1, keep_going=keep_going,
                            after_chief=1.0)
-  assert failed is None and codes == [0, -signal.SIGKILL], codes
-  assert list(job.lost) == [1]
+  assert failed == failed_as and codes == [0, -signal.SIGKILL], codes
+  assert list(job.lost) == lost
   assert time.monotonic() - start < 30
   assert ("worker 1 still ran 1 s after the chief finished (stalled, or "
           "dropped and never back); killed it.") in capsys.readouterr().err
-
-
-def test_without_keep_going_a_worker_left_behind_fails_the_job(capsys):
-  # --nokeep_going: the same stopped worker is killed too (no wait for
-  # ever), and, as any death there, fails the job.
-  job = worker_processes.Job(
-      [sys.executable, "-c", WORKER + "import signal\n"
-       "if i == 1:\n  os.kill(os.getpid(), signal.SIGSTOP)\n"], 2)
-  start = time.monotonic()
-  codes, failed = job.wait(timeout=60, grace=1, keep_going=False,
-                           after_chief=1.0)
-  assert failed == 1 and codes == [0, -signal.SIGKILL], codes
-  assert not job.lost and time.monotonic() - start < 30
-  assert "worker 1 still ran 1 s after the chief" in capsys.readouterr().err
 
 
 def test_simulated_step_time_reaches_the_workers_and_is_labelled():
