@@ -75,11 +75,11 @@ def check_flags(fv):
   if fv.nnodes == 1:
     # Given on one node they would do nothing: the strategy's own
     # --join_timeout, say, belongs after `--`, with the worker's flags.
-    for name in ("node_rank", "rendezvous", "job_id", "join_timeout"):
-      if fv[name].value if name in ("node_rank", "rendezvous") else fv[
-          name].present:
-        raise app.UsageError(f"--{name}: needs --nnodes > 1 (a worker's "
-                             "flags go after `--`)")
+    given = ([n for n in ("node_rank", "rendezvous") if fv[n].value] +
+             [n for n in ("job_id", "join_timeout") if fv[n].present])
+    if given:
+      raise app.UsageError(f"--{given[0]}: needs --nnodes > 1 (a worker's "
+                           "flags go after `--`)")
     return None
   if not fv.rendezvous:
     raise app.UsageError(f"--nnodes={fv.nnodes}: needs --rendezvous "

@@ -294,8 +294,7 @@ class Job:
 
   def _kill_left_behind(self, codes, after_chief, t0, lose=True):
     """Kills the workers still running `after_chief` s after the chief
-    exited 0 (the chief waits for its members at exit: the rest were
-    dropped); with `lose` they are lost. Returns their indices."""
+    exited 0 (dropped: it waits for its members), lost if `lose`."""
     if time.time() - self.exit_times[0] < after_chief:
       return []
     killed = []
@@ -303,8 +302,9 @@ class Job:
       if c is None and self.tasks[i][0] == "worker" and i not in self.lost:
         _signal_group(self.procs[i], signal.SIGKILL)
         killed.append(i)
-        lost = (self.procs[i].wait(), time.monotonic() - t0)
-        self.lost.update({i: lost} if lose else {})
+        code = self.procs[i].wait()
+        if lose:
+          self.lost[i] = (code, time.monotonic() - t0)
         print(f"oscars-launch: {self.name(i)} still ran {after_chief:g} s "
               "after the chief finished (stalled, or dropped and never "
               "back); killed it.", file=sys.stderr)
