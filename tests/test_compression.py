@@ -93,7 +93,8 @@ def test_error_feedback_sends_the_sum_of_the_truths_over_rounds(bits):
 
 
 Part = collections.namedtuple(
-    "Part", "group_size group_key weight rejoining", defaults=(1.0, False))
+    "Part", "group_size group_key weight rejoining takes_model",
+    defaults=(1.0, False, False))
 
 
 def _together(fn, members=2):
@@ -186,18 +187,20 @@ def test_a_compressed_round_averages_the_change_and_is_exact_when_asked():
   models[0][2] = np.abs(models[0][2])
   models[1][0][0, 0] = np.nan  # replaced by zeros, as round_end_ops does
 
-  def member(m, weights, rejoining):
+  def member(m, weights, rejoining, poisoned=(False, True),
+             residual=(0.0, np.nan)):
     state = compression.CompressionState([tf.constant(s) for s in start],
                                          trainable=[True, True, False])
     assert state.indices == [0]
-    state.residual.assign(tf.fill(state.residual.shape, [0.0, np.nan][m]))
+    state.residual.assign(tf.fill(state.residual.shape, residual[m]))
     exact = averagers.UnlessAlone(averaging.GroupAverager(
         2, 9400, f"/device:CPU:{m}", "RING", 30.0))
     averaged_round = compression.CompressedRound(
         "int8", exact, f"/device:CPU:{m}", 30.0, worker=m)
     values = [tf.constant(np.nan_to_num(v, nan=0.0)) for v in models[m]]
     part = Part(tf.constant(2), tf.constant(9400),
-                tf.constant(weights[m], tf.float32), tf.constant(rejoining))
+                tf.constant(weights[m], tf.float32), tf.constant(rejoining),
+                tf.constant(poisoned[m] or rejoining))
     out, sent = tf.function(averaged_round.weighted_sum)(values, part, state)
     return [v.numpy() for v in out], int(sent), state.residual.numpy()
 
@@ -218,6 +221,18 @@ def test_a_compressed_round_averages_the_change_and_is_exact_when_asked():
       assert out[0][1] < averaging.packed_bytes(
           [tf.constant(v) for v in models[0]]) / 3
       assert np.isfinite(out[1][2]).all() and not out[1][2].any()
+  # A sound member at weight 0 (it took no steps this round: a member that
+  # ran out of data before the epoch's end) sends the error it kept and
+  # keeps what rounding loses: the model plus every member's residual is
+  # the true sum. Before, its error was dropped as a poisoned member's.
+  models[1][0][0, 0] = 0.5
+  held = 0.003  # member 1's error from earlier rounds
+  out = _together(lambda m: member(m, [1.0, 0.0], False, (False, False),
+                                   (0.0, held)))
+  np.testing.assert_array_equal(out[0][0][0], out[1][0][0])
+  np.testing.assert_allclose(
+      out[0][0][0].ravel() + out[0][2] + out[1][2],
+      models[0][0].ravel() + held, rtol=0, atol=1e-5)
 
 
 def test_bad_compression_arguments_are_clear_errors():

@@ -471,6 +471,40 @@ def test_nothing_a_worker_started_outlives_its_killed_launcher(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+@pytest.mark.parametrize("exit_code,launcher_code", [(0, 0), (3, 1)],
+                         ids=["finished", "failed"])
+def test_what_an_exited_worker_left_running_ends_with_the_job(
+    tmp_path, exit_code, launcher_code):
+  """A worker that exits (here `sh`, its code) while something it started
+  still runs in its group (here a `python` sleeper it put in the
+  background): the launcher stops that too when the job ends, whether the
+  job finished or failed. Before, a reaped worker's group was never
+  signalled: both sleepers outlived the launcher."""
+  sleeper = tmp_path / "sleeper.py"
+  sleeper.write_text(_SLEEPER)
+  started = tmp_path / "started"
+  pids = []
+  launcher = subprocess.Popen(
+      LAUNCH + ["--num_workers", "2", "--grace_seconds", "5", "--", "sh",
+                "-c", f"{sys.executable} {sleeper} {tmp_path} & "
+                f"while [ ! -e {started} ]; do sleep 0.05; done; "
+                f"exit {exit_code}"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    assert _wait_for(lambda: len(list(tmp_path.glob("sleeper-*"))) == 2,
+                     60), "the sleepers did not start"
+    pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("sleeper-*")]
+    started.touch()  # the workers exit now, their sleepers running
+    assert launcher.wait(60) == launcher_code
+    assert not [p for p in pids if _running(p)]
+  finally:
+    launcher.kill()
+    for pid in pids:
+      if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_job_that_ends_by_itself_dismisses_its_guard():
   """The guard exits when the job is done, killing nothing: a finished
   job leaves no guard behind."""

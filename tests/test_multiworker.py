@@ -443,17 +443,20 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_a_rejoined_worker_takes_the_outer_momentum_state():
+@pytest.mark.parametrize("overlap", [False, "always"],
+                         ids=["blocking", "overlap"])
+def test_a_rejoined_worker_takes_the_outer_momentum_state(overlap):
   # Worker 2 stalls past the straggler timeout at the end of epoch 0, is
   # dropped, and rejoins. The outer optimizer's start and momentum are state
   # beside the model: without the others' ones, the rejoiner's outer steps
   # differ from theirs, and so does its model. (With an outer learning rate
   # of 1 the difference dies out two global syncs later; below 1, it decays
-  # over many.)
+  # over many.) With overlap the rejoin round waits, and takes the state
+  # between the model's collective and the write, as a blocking round.
   result = multiworker.run("fit", 3, {
       "stall_at_epoch_end": [2, 0, 5.0], "epochs": 10, "every": 4,
       "simulate": "50ms", "straggler_timeout": 2.0, "timeout": 60,
-      "outer": {"learning_rate": 0.5, "momentum": 0.9}})
+      "overlap": overlap, "outer": {"learning_rate": 0.5, "momentum": 0.9}})
   chief = result.outputs[0]
   dropped = [r["round"] for r in chief["rounds"] if 2 in r["dropped"]]
   back = [r["round"] for r in chief["rounds"] if 2 in r["rejoined"]]

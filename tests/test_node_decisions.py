@@ -197,6 +197,36 @@ def test_a_gone_node_is_left_out_and_node_0_gone_ends_the_others():
   link1.close()
 
 
+def test_a_node_lost_in_an_earlier_attempt_does_not_decide_later_ones():
+  """Node 2 left in attempt 0 (a lost-peer restart without it). A bug in
+  attempt 1 is then decided by --restarts (0 here): it ends the job with
+  1. Before, the node's departure counted in every later attempt: each
+  failure was restarted as a lost peer while that budget lasted."""
+  hub, (link1, link2), _ = _nodes(3, _budgets(restarts=0, lost_peer=3))
+  try:
+    link2.close()
+    _wait_for(lambda: 2 in hub.gone)
+    t, out = _in_thread(link1.ended, _report(nd.STOPPED), [1], _no_signal)
+    decision = hub.ended(_report(nd.FAILED, {0: PEER_LOST_EXIT_CODE},
+                                 cause="chief exited with code 75"),
+                         [2], _no_signal, 1.0)
+    t.join(10)
+    assert (decision.restart, decision.lost_peer) == (True, True)
+    assert hub.cluster["workers"] == ["127.0.0.1:2", "127.0.0.1:1"]
+    t, out = _in_thread(link1.ended,
+                        _report(nd.FAILED, {1: 1}, cause="worker 1 exited "
+                                "with code 1"), [1], _no_signal)
+    decision = hub.ended(_report(nd.STOPPED), [2], _no_signal, 1.0)
+    t.join(10)
+    assert (decision.restart, decision.code) == (False, 1), decision.why
+    assert decision.why == ("node 1: worker 1 exited with code 1; stopped "
+                            "every node's workers.")
+    assert out["value"].code == 1
+  finally:
+    hub.close()
+    link1.close()
+
+
 def test_nodes_still_running_after_node_0_finished_are_stopped():
   hub, (link,), said = _nodes(2, _budgets(), after_chief=0.3)
   try:

@@ -28,8 +28,11 @@ def _free_port():
 class _Nodes:
   """Launchers of one job, node 0 first; each node's workers given."""
 
-  def __init__(self, tmp_path, workers, plan, extra=(), per_node=None):
+  def __init__(self, tmp_path, workers, plan, extra=(), per_node=None,
+               commands=None):
     port, self.dir = _free_port(), tmp_path
+    command = [sys.executable, os.path.join(HERE, "node_worker.py"),
+               str(tmp_path), json.dumps(plan)]
     env = dict(os.environ)
     env.pop("SLURM_JOB_ID", None)
     self.procs = [subprocess.Popen(
@@ -37,9 +40,8 @@ class _Nodes:
                   f"--rendezvous=127.0.0.1:{port}", f"--num_workers={k}",
                   "--network=host", "--join_timeout=30", "--grace_seconds=5",
                   *(extra if rank == 0 else ()),
-                  *(per_node or {}).get(rank, ()), "--", sys.executable,
-                  os.path.join(HERE, "node_worker.py"), str(tmp_path),
-                  json.dumps(plan)],
+                  *(per_node or {}).get(rank, ()), "--",
+                  *(commands or {}).get(rank, command)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for rank, k in enumerate(workers)]
 
@@ -159,6 +161,22 @@ def test_node_0s_launcher_killed_stops_the_other_nodes_workers(tmp_path):
   assert ("node 0's launcher is gone (the chief with it); stopped this "
           "node's workers.") in errs[1]
   _all_gone(pids)
+
+
+def test_a_node_whose_command_cannot_start_fails_the_job(tmp_path):
+  """Node 1 lacks the command (a virtual environment missing on that
+  machine): the job fails on every node, naming why. Before, node 1's
+  launcher closed its connection, node 0 read a lost node and went on
+  without it, and the job could end with 0."""
+  nodes = _Nodes(tmp_path, [1, 1], {"0.0": "hang"},
+                 commands={1: [str(tmp_path / "missing" / "python")]})
+  codes, errs = nodes.finish()
+  assert codes == [1, 1], errs
+  why = (f"node 1: cannot start worker 1's command "
+         f"'{tmp_path / 'missing' / 'python'}': No such file or directory; "
+         "stopped every node's workers.")
+  assert why in errs[0] and why in errs[1], errs
+  assert "launcher is gone" not in errs[0], errs[0]
 
 
 def test_a_node_that_never_starts_is_named_by_node_0(tmp_path):

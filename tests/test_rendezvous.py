@@ -140,6 +140,65 @@ def test_three_nodes_meet_and_get_one_cluster():
     socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
+def test_a_node_that_left_before_the_others_joined_may_join_again():
+  """Node 1 joined, then its launcher stopped (Ctrl-C, or its own
+  --join_timeout ran out while node 2 was late). Its rerun is let in, and
+  the cluster goes to live nodes only. Before, the rerun was refused as
+  already joined, and the cluster sent into the closed connection."""
+  listener = rendezvous.listen("127.0.0.1", 0)
+  port = listener.getsockname()[1]
+  said, left = [], threading.Event()
+
+  def say(line):
+    said.append(line)
+    if "node 1 left" in line:
+      left.set()
+  served = {}
+  server = threading.Thread(target=lambda: served.update(
+      cluster=rendezvous.serve(listener, _hello(0, 1, nnodes=3), 20,
+                               say=say)), daemon=True)
+  server.start()
+  with socket.create_connection(("127.0.0.1", port), timeout=5) as gone:
+    gone.sendall(json.dumps(_hello(1, 1)).encode() + b"\n")
+  assert left.wait(10), said
+  nodes = [_Node(port, _hello(1, 1)), _Node(port, _hello(2, 1))]
+  for node in nodes:
+    node.start()
+  server.join(15)
+  for node in nodes:
+    node.join(10)
+    assert node.result == served["cluster"], node.result
+  assert len(served["cluster"]["workers"]) == 3
+
+
+def test_kept_connections_find_a_dead_peer_by_keepalive():
+  """The connections kept for the whole job (node 0's Hub, each node's
+  Link) probe an idle peer: a machine that died without closing them is
+  found in about a minute and a half, not the kernel's two hours."""
+  listener = rendezvous.listen("127.0.0.1", 0)
+  port = listener.getsockname()[1]
+  served = {}
+  server = threading.Thread(target=lambda: served.update(
+      out=rendezvous.serve(listener, _hello(0, 1, nnodes=2), 10, keep=True)),
+      daemon=True)
+  server.start()
+  cluster, conn = rendezvous.join(("127.0.0.1", port),
+                                  _hello(1, 1, nnodes=2), 10, keep=True)
+  server.join(10)
+  (hub_conn,) = served["out"][1].values()
+  try:
+    assert served["out"][0] == cluster
+    for c in (conn, hub_conn):
+      assert c.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+      if hasattr(socket, "TCP_KEEPIDLE"):
+        probes = [c.getsockopt(socket.IPPROTO_TCP, getattr(socket, n))
+                  for n in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")]
+        assert probes[0] + probes[1] * probes[2] == rendezvous.KEEPALIVE_S
+  finally:
+    conn.close()
+    hub_conn.close()
+
+
 def test_a_node_of_another_job_or_size_is_refused_with_one_line():
   listener = rendezvous.listen("127.0.0.1", 0)
   port = listener.getsockname()[1]

@@ -11,6 +11,7 @@ is launch_attempts.py. Imports no TensorFlow.
 import sys
 import time
 
+from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import emulation
 from oscars_tf.tools import node_decisions
 from oscars_tf.tools import rendezvous
@@ -40,26 +41,35 @@ class StopOrder:
 def run(command, env, deadline, signals, limits, channel, flag_values):
   """Runs this node's attempts of the job. `channel`: a node_channel.Hub
   on node 0, a Link elsewhere (multi_node.meet). Returns (the last
-  attempt's Job, node 0's node_decisions.Decision)."""
+  attempt's Job, or None where its workers could not start; node 0's
+  node_decisions.Decision)."""
   fv = flag_values
   while True:
     first, configs = rendezvous.node_configs(channel.cluster, fv.node_rank)
-    job = Job(command, fv.num_workers, fv.host,
-              env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(channel.attempt)),
-              configs=configs, first_worker=first,
-              **emulation.job_arguments(fv.num_workers, 0, {}, limits,
-                                        first_worker=first))
-    left = (None if deadline is None else
-            max(deadline - time.monotonic(), 0.01))
-    codes, failed = job.wait(left, fv.grace_seconds,
-                             keep_going=fv.keep_going,
-                             interrupt=StopOrder(signals, channel))
-    local = signals.received
-    if local and fv.node_rank:
-      channel.tell_signal(local)  # node 0 stops the others
-      return job, None
-    report = node_decisions.report(
-        job, codes, failed, stopped=failed == "signal" and not local)
+    try:
+      job = Job(command, fv.num_workers, fv.host,
+                env=dict(env, OSCARS_LAUNCH_ATTEMPT=str(channel.attempt)),
+                configs=configs, first_worker=first,
+                **emulation.job_arguments(fv.num_workers, 0, {}, limits,
+                                          first_worker=first))
+    except WorkerStartError as e:
+      # A failure of the job, not a node leaving it: node 0 must hear it
+      # (a closed connection would read as a lost node, and the job go on
+      # without this one).
+      _say(f"error: {e}")
+      job, report = None, node_decisions.unstarted(e)
+    else:
+      left = (None if deadline is None else
+              max(deadline - time.monotonic(), 0.01))
+      codes, failed = job.wait(left, fv.grace_seconds,
+                               keep_going=fv.keep_going,
+                               interrupt=StopOrder(signals, channel))
+      local = signals.received
+      if local and fv.node_rank:
+        channel.tell_signal(local)  # node 0 stops the others
+        return job, None
+      report = node_decisions.report(
+          job, codes, failed, stopped=failed == "signal" and not local)
     decision = channel.ended(report, free_ports(fv.num_workers, "0.0.0.0"),
                              lambda: signals.received, fv.grace_seconds)
     if not decision.restart:
@@ -74,12 +84,12 @@ def exit_code(job, decision, signals, flag_values):
   fv = flag_values
   if signals.received:
     late = (f"; SIGKILL to worker(s) {job.killed}, still running "
-            f"{fv.grace_seconds:g}s after it" if job.killed else "")
+            f"{fv.grace_seconds:g}s after it" if job and job.killed else "")
     also = "" if fv.node_rank == 0 else "; told node 0, which stops the others"
     _say(f"got {signals.received.name}; forwarded it to this node's "
          f"workers and stopped them{late}{also}.")
     return 128 + signals.received
-  spread = job.exit_spread()
+  spread = job.exit_spread() if job else None
   apart = "" if spread is None else f" (their exits {spread:.2f} s apart)"
   if decision.code == 0:
     _say(f"all {fv.num_workers} workers of node {fv.node_rank} "

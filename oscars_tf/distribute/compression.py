@@ -11,10 +11,13 @@ float32 variables:
   and that round averages exactly, since the newcomer's own reference is
   stale until then. A member alone keeps its model and meets no one. A
   round that ends an epoch is exact too: the model evaluated, saved and
-  returned at an epoch's end is a true average, errors included.
+  returned at an epoch's end is the true average of the models the
+  workers hold (the residuals stay with them, for the next compressed
+  round).
 * `residual`: what rounding lost on this worker, sent again next time
-  (error feedback). It is this worker's own; a poisoned worker (weight 0)
-  sends nothing and keeps nothing.
+  (error feedback). It is this worker's own; a poisoned worker sends
+  nothing and keeps nothing; a sound one at weight 0 (no steps this
+  round) still sends it.
 
 The rest is averaged exactly beside them: variables of other dtypes
 (float16, float64, integers), and statistics and optimizer slots, which
@@ -130,12 +133,15 @@ class CompressedRound:
 
   def _compressed(self, values, part, state):
     reference = tf.identity(state.reference)
-    weight = part.weight
-    change = tf.where(weight > 0, weight * (state.flat(values) - reference) +
+    # A poisoned member sends nothing and keeps no error (it takes the
+    # model). A sound one sends its error even at weight 0 (no steps this
+    # round), and keeps what rounding lost, its shard's sum's included:
+    # that error is the group's.
+    sound = tf.logical_not(part.takes_model)
+    change = tf.where(sound, part.weight * (state.flat(values) - reference) +
                       state.residual, tf.zeros_like(reference))
     total, lost, sent = self._sum.sum(change, part)
-    keep = state.residual.assign(tf.where(weight > 0, lost,
-                                          tf.zeros_like(lost)))
+    keep = state.residual.assign(tf.where(sound, lost, tf.zeros_like(lost)))
     out = list(values)
     with tf.control_dependencies([keep]):
       state.put(reference + total, out)

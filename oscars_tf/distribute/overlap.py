@@ -266,11 +266,16 @@ class OverlappedRoundEnd:
           [tf.int64, tf.float32, tf.bool])
 
     def wait_now():
-      done = self._apply(key, templates, read_values, write_values,
-                         wait_only=True)
-      with tf.control_dependencies([done]):
+      # As a blocking round: a rejoiner takes the group's shared state
+      # (outer start and momentum) after the model's collective and
+      # before the write, whose outer step uses it.
+      taken = self._take_op(key, templates, wait_only=True)
+      with tf.control_dependencies(taken[:1]):
         shared = rounds.share_if_rejoining(shared_state, part)
       with tf.control_dependencies([shared]):
+        done = self._write_taken(taken, templates, read_values,
+                                 write_values, wait_only=True)
+      with tf.control_dependencies([done]):
         if reset_state is None:
           return tf.no_op()
         return tf.cond(poisoned, reset_state, tf.no_op)
@@ -283,10 +288,20 @@ class OverlappedRoundEnd:
   def _apply(self, key, templates, read_values, write_values, wait_only):
     """Takes set `key`'s averaging in flight, if any, and writes
     G(avg) + (now - sent) (now = sent where the worker waited)."""
-    out = tf.py_function(
+    return self._write_taken(self._take_op(key, templates, wait_only),
+                             templates, read_values, write_values, wait_only)
+
+  def _take_op(self, key, templates, wait_only):
+    """Set `key`'s averaging in flight, taken: [has one, is global,
+    averaged..., sent...] (empty values where none was)."""
+    return tf.py_function(
         py_function_errors.carried(
             lambda: self._take(key, templates, wait_only)), [],
         [tf.bool, tf.bool] + [t.dtype for t in templates] * 2)
+
+  def _write_taken(self, out, templates, read_values, write_values,
+                   wait_only):
+    """Writes what `_take_op` took, if anything."""
     has, is_global = tf.reshape(out[0], []), tf.reshape(out[1], [])
     n = len(templates)
 

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from oscars_tf.distribute import averaged_variables
+from oscars_tf.distribute import outer as outer_lib
 from oscars_tf.distribute import replicas
 from oscars_tf.distribute import rounds as rounds_lib
 from oscars_tf.distribute import second_moments
@@ -124,7 +125,8 @@ class RoundEnds:
                          lambda: [tf.identity(v) for v in values])
       model = values
       if progress:  # overlap: the local steps taken while it was in flight
-        values = [v if p is None else v + p for v, p in zip(values, progress)]
+        values = with_progress(values, progress, outer_lib.takes_outer_step(
+            variables, self._averaged.model))
       written = replicas.write_values(variables, values, starts)
       if compressed_state:  # a global sync's model: the changes' new reference
         with tf.control_dependencies([written]):
@@ -147,3 +149,16 @@ class RoundEnds:
         start=(lambda: [tf.identity(s) for s in starts]) if starts else None,
         reset_state=self._averaged.clear_nonfinite_slots,
         shared_state=shared or None, compression=compressed_state, key=key)
+
+
+def with_progress(averaged, progress, moved_by_sgd):
+  """An overlapped round's model: G(avg) + (w_now - w_sent) for the
+  weights SGD moves (`moved_by_sgd`), the average alone for the rest.
+
+  A statistic (BatchNorm's moving variance, an averaged optimizer slot)
+  moved by the difference of two of its values can leave its range: a
+  negative variance, NaN at evaluation. It takes the average, as in a
+  blocking round (the outer step leaves it alone too).
+  """
+  return [a + p if p is not None and moved else a
+          for a, p, moved in zip(averaged, progress, moved_by_sgd)]

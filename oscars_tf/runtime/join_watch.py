@@ -8,7 +8,9 @@ waiting process can report or give up. This module runs as a small process
 of its own (the standard library only, `python -S`): every REPORT_S it names
 the tasks whose address takes no TCP connection yet, and past the timeout it
 says so and ends the waiting task. The task closes the watcher's stdin once
-it has started (or by dying), which ends the watcher.
+it has started (or by dying), which ends the watcher. A SIGTERM to the
+task's process group (a stop) ends the waiting task too: TensorFlow's own
+handler holds it meanwhile.
 
     python -S join_watch.py '{"pid": ..., "own": "worker:0", "timeout_s": ...,
                               "tasks": [["worker", 1, "host:port"], ...]}'
@@ -45,9 +47,38 @@ def _say(level, message):
   print(f"{level}: oscars_tf: {message}", file=sys.stderr, flush=True)
 
 
+class _Terminated(Exception):
+  """SIGTERM reached the watcher (main installs the handler)."""
+
+
+def _terminate(signum, frame):
+  del signum, frame
+  raise _Terminated()
+
+
 def watch(pid, own, tasks, timeout_s, started, report_s=REPORT_S):
   """Waits for `started` (a readable file: EOF once the task started) up to
   `timeout_s`; returns 0 then, else kills `pid` and returns 1."""
+  try:
+    return _watch(pid, own, tasks, timeout_s, started, report_s)
+  except _Terminated:
+    # A stop (the launcher's, Slurm's) reaches the task's process group,
+    # so the watcher too; the task ignores it while TensorFlow waits.
+    _say("WARNING", f"{own} got SIGTERM while it waited for the cluster's "
+         "other tasks: it stops (TensorFlow holds its main thread, so with "
+         "SIGKILL).")
+    _kill(pid)
+    return 1
+
+
+def _kill(pid):
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
+def _watch(pid, own, tasks, timeout_s, started, report_s):
   begin = time.monotonic()
   while True:
     left = timeout_s - (time.monotonic() - begin)
@@ -65,10 +96,7 @@ def watch(pid, own, tasks, timeout_s, started, report_s=REPORT_S):
          "in TF_CONFIG and that every task was started; a slow start needs "
          "OscarsStrategy(join_timeout=...). TensorFlow holds the task's main "
          "thread, so it is stopped with SIGKILL.")
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
+    _kill(pid)
     return 1
 
 
@@ -106,6 +134,7 @@ def main(argv=None):
   parser.add_argument("spec", help='JSON: {"pid", "own", "timeout_s", '
                       '"tasks": [[job, index, "host:port"], ...]}')
   spec = json.loads(parser.parse_args(argv).spec)
+  signal.signal(signal.SIGTERM, _terminate)
   return watch(spec["pid"], spec["own"], [tuple(t) for t in spec["tasks"]],
                spec["timeout_s"], sys.stdin)
 

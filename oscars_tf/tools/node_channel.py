@@ -158,10 +158,12 @@ class Hub:
     self._lock = threading.Lock()  # one sender at a time
     self._cv = threading.Condition()
     self.attempt = 0
-    self.gone = set()
+    self.gone = set()  # every node whose launcher left, for the job
+    self._gone_now = set()  # of them, those that left in this attempt
     self._reports, self._ports = {}, {}
     self._stop = None  # (signal, why), once this attempt is to stop
     self._signal_from = None  # (rank, signal) of a launcher's signal
+    self._ended = False  # the job's end told: the nodes close, as they may
     for rank, conn in self._conns.items():
       _start(_read_messages, conn,
              lambda m, r=rank: self._take(r, m),
@@ -178,18 +180,25 @@ class Hub:
                            f"{message['report']['outcome']}")
       elif "signal" in message:
         self._signal_from = self._signal_from or (rank, message["signal"])
-        self.gone.add(rank)
+        self._leave(rank)
         self._order_stop(message["signal"], f"node {rank}'s launcher got "
                          f"signal {message['signal']}")
       self._cv.notify_all()
 
   def _closed(self, rank):
     with self._cv:
-      if rank not in self.gone:
-        self.gone.add(rank)
+      if rank not in self.gone and not self._ended:
+        self._leave(rank)
         self._say(f"node {rank}'s launcher is gone (its connection "
                   "closed): its workers are lost; the others go on.")
       self._cv.notify_all()
+
+  def _leave(self, rank):
+    """Under the lock: node `rank`'s launcher left the job. Only this
+    attempt's departures decide it (a lost peer's restart); a node gone
+    in an earlier one is out of the job, not the cause of this end."""
+    self.gone.add(rank)
+    self._gone_now.add(rank)
 
   def _order_stop(self, number, why):
     """Under the lock: stop every node's attempt (once per attempt)."""
@@ -225,7 +234,7 @@ class Hub:
             f"node 0's attempt {report['outcome']}")))
       self._gather(local_signal, grace)
       decision = node_decisions.decide(
-          dict(self._reports), set(self.gone), self._budgets,
+          dict(self._reports), set(self._gone_now), self._budgets,
           self._signal_from, total=len(self.cluster["workers"]))
       self._tell(decision)
       return decision
@@ -253,7 +262,8 @@ class Hub:
       elif self._stop is not None and waited > grace + 30:
         self._say(f"node(s) {sorted(missing)} did not report within "
                   f"{grace + 30:g} s of the stop; counted as gone.")
-        self.gone |= missing
+        for rank in missing:
+          self._leave(rank)
         return
       self._cv.wait(POLL)
 
@@ -272,9 +282,11 @@ class Hub:
                  "why": decision.why, "lost_peer": decision.lost_peer}
     else:
       message = {"end": decision.code, "why": decision.why}
+      self._ended = True
     for rank in live:
       _send(self._conns[rank], self._lock, message)
     self._reports, self._ports, self._stop = {}, {}, None
+    self._gone_now = set()
 
   def close(self):
     for conn in self._conns.values():

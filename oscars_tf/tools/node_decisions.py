@@ -67,6 +67,13 @@ def report(job, codes, failed, stopped=False):
           "lost": sorted(job.tasks[i][1] for i in job.lost)}
 
 
+def unstarted(error):
+  """The report of a node whose workers could not start (`error`, a
+  WorkerStartError): a failure, as a worker's would be."""
+  return {"outcome": FAILED, "exits": {}, "lost": [],
+          "cause": str(error).rstrip(".")}
+
+
 @dataclasses.dataclass
 class Budgets:
   """Restarts left: node 0's --restarts and --lost_peer_restarts."""

@@ -30,6 +30,7 @@ can join as a node, so run it on a private network. Imports no TensorFlow.
 """
 
 import json
+import select
 import socket
 import time
 
@@ -232,7 +233,15 @@ def serve(listener, own, timeout, stop=None, say=None, keep=False):
   deadline = time.monotonic() + timeout
   hellos, conns = {0: own}, {}
   try:
-    while len(hellos) < own["nnodes"]:
+    while True:
+      for rank in [r for r, conn in conns.items() if _hung_up(conn)]:
+        conns.pop(rank).close()
+        del hellos[rank]
+        if say is not None:
+          say(f"node {rank} left before every node joined; it may join "
+              "again")
+      if len(hellos) == own["nnodes"]:
+        break
       if stop is not None and stop():
         raise Stopped("stopped by a signal")
       left = deadline - time.monotonic()
@@ -267,12 +276,42 @@ def serve(listener, own, timeout, stop=None, say=None, keep=False):
                             "sent to them")
     if keep:
       kept, conns = conns, {}
+      for conn in kept.values():
+        keep_alive(conn)
       return cluster, kept
     return cluster
   finally:
     for conn in conns.values():
       conn.close()
     listener.close()
+
+
+# A kept connection carries the job's stops and decisions for its whole
+# run. A peer whose machine dies sends no FIN: TCP keepalive finds it
+# within about KEEPALIVE_S (idle 30 s, then 6 probes 10 s apart) instead
+# of the kernel's default of over two hours.
+KEEPALIVE_S = 90
+
+
+def keep_alive(conn):
+  """Turns on TCP keepalive on `conn` (where the platform has it)."""
+  conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+  for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10),
+                      ("TCP_KEEPCNT", 6)):
+    if hasattr(socket, name):
+      conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+  return conn
+
+
+def _hung_up(conn):
+  """Whether a joined node's connection has closed (its launcher stopped,
+  or gave up waiting): it sends nothing more before the cluster."""
+  try:
+    if not select.select([conn], [], [], 0)[0]:
+      return False
+    return conn.recv(1, socket.MSG_PEEK) == b""
+  except OSError:
+    return True
 
 
 def _send_quietly(conn, message):
@@ -316,7 +355,7 @@ def join(address, message, timeout, stop=None, keep=False):
       conn.close()
       raise
     if keep:
-      return cluster, conn
+      return cluster, keep_alive(conn)
     conn.close()
     return cluster
 

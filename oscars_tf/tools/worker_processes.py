@@ -23,6 +23,7 @@ from oscars_tf import exit_notes
 from oscars_tf.errors import PEER_LOST_EXIT_CODE
 from oscars_tf.errors import WorkerStartError
 from oscars_tf.tools import job_guard
+from oscars_tf.tools import process_groups
 from oscars_tf.tools.job_layout import cluster_tasks
 from oscars_tf.tools.job_layout import task_name
 from oscars_tf.tools.job_layout import tf_configs
@@ -279,7 +280,10 @@ class Job:
         break
       time.sleep(poll)
     self.exited = {i: c for i, c in enumerate(codes) if c is not None}
-    if failed is None and self.servers:  # the chief is done: so are they
+    if failed is None and (self.servers or
+                           any(process_groups.alive(p) for p in self.procs)):
+      # The chief is done: so are the servers, and anything an exited
+      # worker left running in its group.
       self.stop(grace)
     elif failed is not None:
       seen = interrupt.count if interrupt is not None else 0
@@ -300,7 +304,7 @@ class Job:
     killed = []
     for i, c in enumerate(codes):
       if c is None and self.tasks[i][0] == "worker" and i not in self.lost:
-        _signal_group(self.procs[i], signal.SIGKILL)
+        process_groups.signal_group(self.procs[i], signal.SIGKILL)
         killed.append(i)
         code = self.procs[i].wait()
         if lose:
@@ -360,14 +364,14 @@ class Job:
     soon as `hurry()` is true. Returns their indices (also in `killed`).
     """
     for p in self.procs:
-      _signal_group(p, sig)
+      process_groups.signal_group(p, sig)
     end = time.monotonic() + grace
     while (time.monotonic() < end and not (hurry and hurry()) and
-           any(p.poll() is None for p in self.procs)):
+           any(process_groups.alive(p) for p in self.procs)):
       time.sleep(0.05)
     late = [i for i, p in enumerate(self.procs) if p.poll() is None]
     for p in self.procs:
-      _signal_group(p, signal.SIGKILL)
+      process_groups.signal_group(p, signal.SIGKILL)
       p.wait()
     self.killed = sorted(set(self.killed) | set(late))
     self._done()
@@ -377,16 +381,6 @@ class Job:
     """Every task has ended: the guard and the notes go."""
     self._guard.done()
     shutil.rmtree(self._notes, ignore_errors=True)
-
-
-def _signal_group(proc, sig):
-  # Only while the leader is unreaped: after that its group id may be
-  # reused by an unrelated process group.
-  if proc.poll() is None:
-    try:
-      os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-      pass
 
 
 def describe_exit(code):
