@@ -307,6 +307,22 @@ def test_flags_that_cannot_work_are_one_line(args, error):
   assert error in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("given, warned", [
+    ("node0.example", True), ("127.0.0.1", False), ("localhost", False)])
+def test_a_node_0_name_that_resolves_to_loopback_is_warned_of(
+    monkeypatch, capsys, given, warned):
+  """Debian-style hosts files map a machine's own name to 127.0.1.1: node
+  0 would listen where no other machine reaches. An address given as
+  loopback (one machine, as in these tests) is meant."""
+  monkeypatch.setattr(rendezvous, "ipv4", lambda host: (
+      "127.0.1.1" if host == "node0.example" else "127.0.0.1"))
+  address = multi_node.check_flags(_flags(
+      "--nnodes=2", f"--rendezvous={given}:9", "--network=host"))
+  assert address[0].startswith("127.")
+  err = capsys.readouterr().err
+  assert ("resolves to the loopback address 127.0.1.1" in err) == warned, err
+
+
 def test_flags_of_one_node_are_none_and_job_id_has_a_default():
   assert multi_node.check_flags(_flags()) is None
   fv = _flags("--nnodes=2", "--rendezvous=127.0.0.1:9", "--network=host")

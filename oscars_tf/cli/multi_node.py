@@ -109,6 +109,12 @@ def check_flags(fv):
   if address[0] == "0.0.0.0":
     raise app.UsageError("--rendezvous: give node 0's address that the "
                          "other nodes reach, not 0.0.0.0")
+  if address[0].startswith("127.") and host not in (address[0], "localhost"):
+    # Debian-style /etc/hosts maps a machine's own name to 127.0.1.1:
+    # node 0 would listen there, out of the other machines' reach.
+    _say(f"WARNING: --rendezvous={fv.rendezvous} resolves to the loopback "
+         f"address {address[0]} here: nodes on other machines cannot reach "
+         "it. Give node 0's address on the network the nodes share.")
   if fv.network == "auto":
     _say(f"WARNING: --nnodes={fv.nnodes}: the workers run on this "
          "machine's network, where TensorFlow's unauthenticated gRPC "
