@@ -253,6 +253,33 @@ def test_local_sgd_among_local_replicas():
     oscars_tf.OscarsStrategy(local_replicas="async")
 
 
+@pytest.mark.parametrize("schedule", [oscars_tf.schedules.Fixed(every=3),
+                                      oscars_tf.schedules.Adaptive()],
+                         ids=["fixed", "adaptive"])
+def test_a_loop_whose_updates_are_not_counted_is_told_not_left_to_spin(
+    schedule):
+  """Gradients applied outside `strategy.run` are not steps: no round
+  ends, and `epoch_over` never turns true. Before, the documented loop
+  `while not strategy.epoch_over: step()` spun for ever; now the check
+  says why."""
+  strategy = oscars_tf.OscarsStrategy(
+      devices=DEVICES, local_replicas="local_sgd", schedule=schedule)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+  x = tf.ones([4, 8])
+  strategy.begin_epoch(6)
+  with pytest.raises(RuntimeError, match="inside strategy.run"):
+    for _ in range(5000):  # bounded: the old code never stopped
+      if strategy.epoch_over:
+        break
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x))
+      grads = tape.gradient(loss, model.trainable_variables)
+      for v, g in zip(model.trainable_variables, grads):
+        v.assign_sub(0.01 * g)
+  assert strategy.stats()["local_step"] == 0
+
+
 def test_a_models_round_end_is_traced_once(monkeypatch):
   """The training step's round end and the epoch's last round
   (`average_now`) are one function: its graph is built once a model."""

@@ -79,6 +79,12 @@ def teardown_quickly(round_logs):
   gc.freeze()
 
 
+# Checks of `epoch_over` in a row without a counted step before a loop is
+# taken for one whose updates the strategy cannot see (a real loop takes a
+# step between two checks).
+_UNCOUNTED_CHECKS = 1000
+
+
 class Epochs:
   """One worker's epochs: planned targets, agreed ends, end of training."""
 
@@ -95,6 +101,7 @@ class Epochs:
     self._target = None     # fit: cluster steps per planned epoch
     self._order = None      # fit: the shared sample order read, if any
     self._end_step = None   # custom loop: this worker's last step
+    self._polled = (None, 0)  # custom loop: (local step, checks at it)
 
   def plans(self):
     """Whether `fit` epochs are cluster-wide (the Adaptive schedule)."""
@@ -141,9 +148,25 @@ class Epochs:
 
   def custom_over(self):
     """Whether a custom loop's epoch is over on this worker."""
-    if self._end_step is None:
-      return self._book.epoch_over
-    return int(self._rounds.local_step.numpy()) >= self._end_step
+    step = int(self._rounds.local_step.numpy())
+    over = (self._book.epoch_over if self._end_step is None else
+            step >= self._end_step)
+    if not over:
+      self._check_steps_counted(step)
+    return over
+
+  def _check_steps_counted(self, step):
+    """A loop whose updates are not counted (applied outside
+    `strategy.run`) would check for ever: no round ends, no epoch end."""
+    last, checks = self._polled
+    checks = checks + 1 if step == last else 1
+    self._polled = (step, checks)
+    if checks >= _UNCOUNTED_CHECKS:
+      raise RuntimeError(
+          f"strategy.epoch_over was checked {checks} times without a "
+          "training step counted on this worker: the loop's updates are "
+          "not seen. Apply the gradients inside strategy.run (one call per "
+          "step), as docs/keras.md's custom loops do.")
 
   def finish(self):
     """Ends this worker's epoch together with the others (eager; see the
