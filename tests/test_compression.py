@@ -244,6 +244,20 @@ def test_bad_compression_arguments_are_clear_errors():
   assert oscars_tf.OscarsStrategy().compression is None
 
 
+def test_compression_on_one_worker_says_it_does_nothing(caplog):
+  """One worker sends nothing to compress (its local replicas average
+  exactly): accepted, as a script run alone before a cluster run is, but
+  said, rather than logging "averaging in int4" alone."""
+  with caplog.at_level("WARNING"):
+    oscars_tf.OscarsStrategy(compression="int4")
+    oscars_tf.OscarsStrategy()
+  said = [r.getMessage() for r in caplog.records
+          if "does nothing on one worker" in r.getMessage()]
+  assert said == ["oscars_tf: compression='int4' does nothing on one worker: "
+                  "it compresses what workers send each other; local "
+                  "replicas average exactly."]
+
+
 def test_the_start_up_check_covers_the_compression():
   """Workers compressing differently would wait in other collectives until
   the timeout: the start-up signature tells them apart."""

@@ -169,6 +169,10 @@ class OscarsStrategy(tf.distribute.Strategy):
                  "averaging in %s", info.worker_index, info.num_workers,
                  self.extended.worker_devices, args.schedule,
                  self.compression or self.averaging_dtype)
+    if self.compression and info.num_workers == 1:
+      logging.warning("oscars_tf: compression=%r does nothing on one worker: "
+                      "it compresses what workers send each other; local "
+                      "replicas average exactly.", self.compression)
 
   @property
   def cluster(self):
