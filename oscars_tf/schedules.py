@@ -84,7 +84,8 @@ class Fixed(Schedule):
 
   def __init__(self, every: int = 8, warmup_steps: int = 0):
     self.every = arguments.positive_int("Fixed", "every", every)
-    arguments.int_at_least("Fixed", "warmup_steps", warmup_steps, 0)
+    warmup_steps = arguments.int_at_least("Fixed", "warmup_steps",
+                                          warmup_steps, 0)
     if every == 1 and warmup_steps:
       warnings.warn("Fixed(every=1) averages every step already; "
                     "`warmup_steps` has no effect.", stacklevel=2)
@@ -234,28 +235,35 @@ class Adaptive(Schedule):
     return out
 
 
+# Each returns a plain Python int or float (a NumPy scalar given goes into
+# the schedule's JSON fingerprint, which the workers compare at start).
+
+
 def _group_size_bound(value):
-  """Adaptive's `max_group_size`: None or an int >= 2, as given."""
-  if value is not None and arguments.positive_int(
-      "Adaptive", "max_group_size", value) < 2:
+  """Adaptive's `max_group_size`: None or an int >= 2."""
+  if value is None:
+    return None
+  if arguments.positive_int("Adaptive", "max_group_size", value) < 2:
     arguments.fail("Adaptive", "max_group_size", "None or >= 2", value)
-  return value
+  return int(value)
 
 
 def _overshoot_bound(value):
-  """Adaptive's `max_overshoot`: None or a number >= 0, as given."""
-  if value is not None and not (arguments.is_number(value) and value >= 0):
+  """Adaptive's `max_overshoot`: None or a number >= 0."""
+  if value is None:
+    return None
+  if not (arguments.is_number(value) and value >= 0):
     arguments.fail("Adaptive", "max_overshoot", "None or a number >= 0",
                    value)
-  return value
+  return float(value)
 
 
 def _utilization_target(value):
-  """Adaptive's `min_utilization`: None or a number in (0, 1], as given."""
-  if value is not None:
-    arguments.number_in("Adaptive", "min_utilization", value, 0, 1,
-                        include_low=False, include_high=True)
-  return value
+  """Adaptive's `min_utilization`: None or a number in (0, 1]."""
+  if value is None:
+    return None
+  return arguments.number_in("Adaptive", "min_utilization", value, 0, 1,
+                             include_low=False, include_high=True)
 
 
 class OuterMomentum:

@@ -19,6 +19,7 @@ Pure Python, no TensorFlow.
 """
 
 import dataclasses
+import math
 import re
 from typing import List
 from typing import Tuple
@@ -60,9 +61,9 @@ class StepTimeProfile:
       except ValueError:
         raise ValueError(f"simulate_step_time {spec!r}: multiplier {m!r} is "
                          "not a number.") from None
-      if value < 0:
+      if not 0 <= value < math.inf:  # nan and inf too
         raise ValueError(f"simulate_step_time {spec!r}: multipliers must be "
-                         f">= 0, got {m!r}.")
+                         f"finite numbers >= 0, got {m!r}.")
       mults.append(value)
     parsed = []
     for c in filter(None, (x.strip() for x in changes)):

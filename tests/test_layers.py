@@ -4,6 +4,8 @@ imports only from its own layer or the layers below it."""
 import ast
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +153,20 @@ def _module_path(parts):
     if n > 0 and (PACKAGE / candidate).is_file():
       return candidate
   return None
+
+
+def test_what_the_docs_name_is_reachable_from_import_oscars_tf():
+  """docs/reference.md names `oscars_tf.checkpoint.save`,
+  `oscars_tf.data.DatasetUnavailableError` and the errors: after a bare
+  `import oscars_tf` they were AttributeErrors (nothing imported the
+  submodules), in a fresh process, as a user's script is."""
+  code = ("import oscars_tf as o\n"
+          "names = [n for n in o.__all__ if not hasattr(o, n)]\n"
+          "assert not names, names\n"
+          "assert callable(o.checkpoint.save) and o.cluster.from_tf_config\n"
+          "assert o.data.DatasetUnavailableError is o.DatasetUnavailableError\n"
+          "assert all(issubclass(getattr(o, n), o.OscarsError) for n in\n"
+          "           o.__all__ if n.endswith('Error'))\n")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]

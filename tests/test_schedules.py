@@ -47,6 +47,24 @@ def test_pointless_warmup_warns():
   assert any("no effect" in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("make, plain", [
+    (lambda n: schedules.Fixed(n.int64(8), n.int64(2)),
+     lambda: schedules.Fixed(8, 2)),
+    (lambda n: schedules.Adaptive(max_group_size=n.int32(4),
+                                  max_overshoot=n.float32(0.5),
+                                  min_utilization=n.float64(0.9)),
+     lambda: schedules.Adaptive(max_group_size=4, max_overshoot=0.5,
+                                min_utilization=0.9)),
+], ids=["fixed", "adaptive"])
+def test_numpy_scalars_are_taken_as_the_plain_numbers(make, plain):
+  """A NumPy scalar (from a config array, a sweep) went into the
+  schedule's JSON fingerprint as given: a TypeError at the first step of a
+  cluster run only (one worker never fingerprints)."""
+  schedule = make(np)
+  assert schedule.fingerprint() == plain().fingerprint()
+  assert schedule.config() == plain().config()
+
+
 def test_fingerprint_is_stable_and_distinguishes_configs():
   a, b = schedules.Fixed(4), schedules.Fixed(4)
   assert a.fingerprint() == b.fingerprint()

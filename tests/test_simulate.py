@@ -31,8 +31,11 @@ def test_description_says_simulated():
   assert "worker 1 becomes 4x after 5s" in lines[2]
 
 
+# nan (was: no delay, silently) and inf (an OverflowError in time.sleep
+# inside the training step) are refused as multipliers too.
 @pytest.mark.parametrize("spec", ["fast", "20ms*1,x", "20ms*-1",
-                                  "20ms;2:4x", "-5ms"])
+                                  "20ms;2:4x", "-5ms", "20ms*1,nan",
+                                  "20ms*1,inf"])
 def test_bad_specs_are_clear_errors(spec):
   with pytest.raises(ValueError, match="simulate_step_time"):
     StepTimeProfile.parse(spec)

@@ -6,6 +6,9 @@ devices (Keras' own MirroredStrategy tests are the reference for this).
 
 import dataclasses
 import gc
+import os
+import subprocess
+import sys
 import weakref
 
 import keras
@@ -160,6 +163,10 @@ def test_custom_training_loop_counts_steps(oscars):
     ({"optimizer_state": "global"}, ValueError, "optimizer_state"),
     ({"communication": "mpi"}, ValueError, "communication"),
     ({"collective_timeout": 0}, ValueError, "collective_timeout"),
+    # For "never": past TensorFlow's int64 milliseconds (failed inside it).
+    ({"collective_timeout": 1e18}, ValueError,
+     "`collective_timeout` must be at most 1e\\+09 seconds"),
+    ({"join_timeout": 1e18}, ValueError, "`join_timeout` must be at most"),
     ({"straggler_timeout": -1}, ValueError, "straggler_timeout"),
     ({"straggler_timeout": 400}, ValueError, "at most `collective_timeout`"),
     ({"straggler_timeout": True}, ValueError, "straggler_timeout"),
@@ -494,3 +501,68 @@ def test_fit_on_a_model_built_outside_the_scope_is_one_clear_error(flavour):
     inside = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     inside.compile(optimizer="sgd", loss="mse")
   assert np.isfinite(inside.fit(x, y, verbose=0).history["loss"][0])
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_a_mixed_precision_step_is_counted_once(flavour):
+  """Under mixed_float16 the LossScaleOptimizer applies the gradients
+  through merge_call, a call for each replica inside the step's: each
+  step was counted twice (20 local steps for 10 batches), so rates looked
+  doubled and planned epochs ended halfway."""
+  keras = pytest.importorskip(flavour)
+  strategy = oscars_tf.OscarsStrategy(
+      schedule=oscars_tf.schedules.Fixed(every=4))
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                                keras.layers.Dense(1, dtype="float32")])
+      model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = np.ones((80, 4), np.float32), np.ones((80, 1), np.float32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  assert "LossScale" in type(model.optimizer).__name__
+  assert strategy.stats()["local_step"] == 10
+
+
+def test_keras_on_another_backend_is_one_clear_error_at_fit(monkeypatch):
+  """Keras 3 on JAX, PyTorch or NumPy ignores TensorFlow's strategy
+  scope: `fit` trained each worker alone on all the data, without a word.
+  (Those backends need JAX or PyTorch, not installed here: the backend's
+  name is what the front end reads.)"""
+  from oscars_tf.frontends import keras3  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(keras3.keras.backend, "backend", lambda: "jax")
+  monkeypatch.setattr(keras3, "_installed", False)
+  monkeypatch.setattr(keras.Model, "fit", keras.Model.fit)  # undone after
+  strategy = oscars_tf.OscarsStrategy()
+  keras3.install()
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  with pytest.raises(ValueError, match=(
+      "OscarsStrategy trains Keras models on Keras' TensorFlow backend; "
+      "this process runs Keras on 'jax'")):
+    model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0)
+
+
+def test_keras_3_imported_after_the_strategy_is_wrapped_under_legacy_keras():
+  """With TF_USE_LEGACY_KERAS=1 the strategy does not import Keras 3 to
+  wrap it (seconds for a tf_keras worker); a script that imports it after
+  creating the strategy, as docs/keras.md shows, then ran Keras 3's `fit`
+  unwrapped. Entering the scope wraps it."""
+  code = "\n".join([
+      "import numpy as np, oscars_tf",
+      "strategy = oscars_tf.OscarsStrategy()",
+      "import keras",
+      "model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])",
+      "with strategy.scope():",
+      "  try:",
+      "    model.compile(optimizer='sgd', loss='mse')",
+      "    model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0)",
+      "  except ValueError as e:",
+      "    print('REFUSED:', e)"])
+  env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=120, env=env, check=False)
+  assert "REFUSED:" in done.stdout and "built outside" in done.stdout, (
+      done.stdout + done.stderr[-2000:])

@@ -72,7 +72,7 @@ def teardown_quickly(round_logs):
   # registered this handler, the strategy's, has it loaded already).
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
-    round_logs.flush()
+    round_logs.finish_logs()  # flushed, and the timeline if not written
     tf.summary.flush()
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("oscars_tf: could not flush summaries at exit: %s", e)

@@ -119,6 +119,11 @@ class OscarsExtended(multi_worker_roles.MultiWorkerRoles,
       # counts (tf_keras' mirrored test and predict batch counters) is not
       # one, and must not move the rounds.
       updated = [v for v in self._update_log.pop() if _is_float(v)]
+    if self._update_log:
+      # A call inside a step's (a LossScaleOptimizer applies the gradients
+      # through merge_call): one step, the outer call's, with these updates.
+      self._update_log[-1].extend(updated)
+      return result
     if updated:
       # Count the step only once its update has happened: a step whose input
       # fetch fails (end of data) must not count, and in a graph, ops on

@@ -22,9 +22,9 @@ LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
 OWNER = strategy_arguments.OWNER
 
 
-# Called, without arguments, whenever a strategy is created: the package
-# registers the Keras front ends' `install` here (they sit above this layer,
-# so the strategy cannot import them).
+# Called, without arguments, whenever a strategy is created or its scope
+# entered: the package registers the Keras front ends' `install` here (they
+# sit above this layer, so the strategy cannot import them).
 CREATION_HOOKS = []
 
 
@@ -174,6 +174,14 @@ class OscarsStrategy(tf.distribute.Strategy):
                       "it compresses what workers send each other; local "
                       "replicas average exactly.", self.compression)
 
+  def scope(self):
+    # The creation hooks again (idempotent): a Keras imported after the
+    # strategy was made (TF_USE_LEGACY_KERAS=1 skips importing Keras 3 for
+    # its wrappers) is wrapped before a model is built in the scope.
+    for hook in CREATION_HOOKS:
+      hook()
+    return super().scope()
+
   @property
   def cluster(self):
     """The `cluster.ClusterInfo` of this process."""
@@ -264,7 +272,7 @@ class OscarsStrategy(tf.distribute.Strategy):
     """Custom training loops: starts an epoch of `cluster_steps` steps.
 
     `cluster_steps` counts the steps of all workers together (a data set's
-    worth: examples / per-worker batch size). Under the Adaptive schedule
+    worth: examples // per-worker batch size). Under the Adaptive schedule
     fast workers take more of them, and the epoch ends at the same round on
     every worker; under `Fixed` each worker takes an equal share. Loop
 
@@ -273,7 +281,8 @@ class OscarsStrategy(tf.distribute.Strategy):
           train_step(iterator)
         strategy.sync()
 
-    `int(cluster_steps)` must be >= 1. Give `epoch` (0-based) to let a
+    `cluster_steps` must be an int >= 1 (a NumPy integer too; a float or a
+    tensor is refused: give `int(...)` of it). Give `epoch` (0-based) to let a
     worker that was dropped and rejoined find where the cluster is: see
     `cluster_epoch` and `end_training`.
     """

@@ -20,6 +20,19 @@ LOCAL_REPLICAS = replicas.LOCAL_REPLICAS
 OWNER = "OscarsStrategy"  # as argument errors name it
 
 
+# TensorFlow takes timeouts in int64 milliseconds: a larger finite one
+# (1e18, for "never") failed inside it, after the worker joined. About 31
+# years.
+MAX_TIMEOUT_S = 1e9
+
+
+def _timeout(name, value, seconds):
+  value = arguments.positive_number(OWNER, name, value, seconds)
+  if value > MAX_TIMEOUT_S:
+    arguments.fail(OWNER, name, f"at most {MAX_TIMEOUT_S:g} seconds", value)
+  return value
+
+
 def checked(schedule, optimizer_state, communication, collective_timeout,
             local_replicas, simulate_step_time, outer_optimizer,
             straggler_timeout, averaging_dtype, join_timeout, compression=None,
@@ -41,8 +54,8 @@ def checked(schedule, optimizer_state, communication, collective_timeout,
   arguments.one_of(OWNER, "communication", communication,
                    averaging.COMMUNICATIONS)
   seconds = "a finite number of seconds"
-  collective_timeout = arguments.positive_number(
-      OWNER, "collective_timeout", collective_timeout, seconds)
+  collective_timeout = _timeout("collective_timeout", collective_timeout,
+                                seconds)
   if straggler_timeout is None:
     straggler_timeout = min(60.0, collective_timeout)
   if not (arguments.is_number(straggler_timeout) and
@@ -50,8 +63,7 @@ def checked(schedule, optimizer_state, communication, collective_timeout,
     arguments.fail(OWNER, "straggler_timeout", "a number of seconds > 0 and "
                    f"at most `collective_timeout` ({collective_timeout})",
                    straggler_timeout)
-  join_timeout = arguments.positive_number(OWNER, "join_timeout",
-                                           join_timeout, seconds)
+  join_timeout = _timeout("join_timeout", join_timeout, seconds)
   averaging_dtype = averaging.averaging_dtype_of(averaging_dtype)
   if compression is not None:
     arguments.one_of(OWNER, "compression", compression,

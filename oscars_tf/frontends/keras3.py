@@ -116,9 +116,27 @@ def install():
   global _installed
   if _installed:
     return
+  if keras.backend.backend() != "tensorflow":
+    _refuse_backend(keras.backend.backend())
+    _installed = True
+    return
   from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
   cls = trainer.TensorFlowTrainer
   cls.fit = _FRONTEND.wrap_fit(cls.fit)
   cls.evaluate = _FRONTEND.wrap_unsharded(cls.evaluate)
   cls.predict = _FRONTEND.wrap_unsharded(cls.predict)
   _installed = True
+
+
+def _refuse_backend(backend):
+  """Keras on another backend (JAX, PyTorch, NumPy) ignores TensorFlow's
+  strategy scope: its `fit` would train each worker alone, on all the
+  data, without a word. It says why instead."""
+  def fit(*args, **kwargs):
+    del args, kwargs
+    raise ValueError(
+        f"OscarsStrategy trains Keras models on Keras' TensorFlow backend; "
+        f"this process runs Keras on {backend!r} (KERAS_BACKEND or "
+        "~/.keras/keras.json). Set KERAS_BACKEND=tensorflow before Keras "
+        "is imported.")
+  keras.Model.fit = fit

@@ -27,7 +27,6 @@ Layout under a log directory:
                      chrome://tracing, one row per worker (and row).
 """
 
-import glob
 import json
 import os
 import sys
@@ -136,6 +135,7 @@ class RoundLogging:
     self._book = book
     self._logdir = None
     self._summaries = None
+    self._timeline_of = None  # the last round the timeline written holds
 
   @property
   def logdir(self):
@@ -157,11 +157,16 @@ class RoundLogging:
       self._summaries.flush()
 
   def finish_logs(self):
-    """Flushes summaries and writes this worker's timeline (if logging)."""
+    """Flushes summaries and writes this worker's timeline (if logging and
+    rounds ended since it was last written: `fit`'s end, then the exit's,
+    which a `fit` that raised or a loop that never called it leaves)."""
     if self._logdir:
       self._summaries.flush()
-      write_timeline(self._logdir, self._book.history,
-                     self._cluster.worker_index)
+      history = self._book.history
+      last = history[-1].round if len(history) else None
+      if last != self._timeline_of or last is None:
+        write_timeline(self._logdir, history, self._cluster.worker_index)
+        self._timeline_of = last
 
 
 def trace_events(history, worker_index):
@@ -200,28 +205,41 @@ def _span(name, start, seconds, worker_index, record, pid=0):
           "args": {"round": record.round, "plan": record.plan}}
 
 
+# Through tf.io.gfile, as the summaries are: a log directory may be a
+# bucket (gs://, s3://) as well as a local path.
+
+
 def write_timeline(logdir, history, worker_index):
   """Writes `timeline_worker_<i>.json` under `logdir`; returns its path."""
-  os.makedirs(logdir, exist_ok=True)
+  tf.io.gfile.makedirs(logdir)
   path = os.path.join(logdir, f"timeline_worker_{worker_index}.json")
-  with open(path + ".tmp", "w") as f:
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
     json.dump({"traceEvents": trace_events(history, worker_index)}, f)
-  os.replace(path + ".tmp", path)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
   return path
 
 
 def merge_timelines(logdir):
-  """Joins every worker's timeline into `logdir/timeline.json`."""
-  events = []
-  for path in sorted(glob.glob(os.path.join(logdir, "timeline_worker_*.json"))):
-    with open(path) as f:
-      events.extend(json.load(f)["traceEvents"])
+  """Joins every worker's timeline into `logdir/timeline.json`; returns
+  (its path, "file: why" of each file left out, unreadable)."""
+  events, skipped = [], []
+  for path in sorted(tf.io.gfile.glob(
+      os.path.join(logdir, "timeline_worker_*.json"))):
+    try:
+      with tf.io.gfile.GFile(path) as f:
+        events.extend(json.load(f)["traceEvents"])
+    except (ValueError, KeyError, TypeError) as e:
+      why = f"no {e}" if isinstance(e, KeyError) else str(e)
+      skipped.append(f"{os.path.basename(path)}: {why}")
   if not events:
-    raise FileNotFoundError(f"no timeline_worker_*.json under {logdir!r}")
+    raise FileNotFoundError(
+        f"no timeline_worker_*.json under {logdir!r}" if not skipped else
+        f"no readable timeline_worker_*.json under {logdir!r} "
+        f"({'; '.join(skipped)})")
   out = os.path.join(logdir, "timeline.json")
-  with open(out, "w") as f:
+  with tf.io.gfile.GFile(out, "w") as f:
     json.dump({"traceEvents": events}, f)
-  return out
+  return out, skipped
 
 
 # The command line. It has no flags; -h and --help print this.
@@ -242,10 +260,13 @@ def main(argv):
     print(f"usage: {USAGE}\nTry --help.", file=sys.stderr)
     return 1
   try:
-    print(merge_timelines(args[1]))
-  except (OSError, ValueError, KeyError) as e:  # no timelines, a bad file
+    out, skipped = merge_timelines(args[1])
+  except (OSError, tf.errors.OpError) as e:  # no timelines, an unreadable dir
     print(f"summaries merge: {e}", file=sys.stderr)
     return 1
+  for why in skipped:
+    print(f"summaries merge: left out {why}", file=sys.stderr)
+  print(out)
   return 0
 
 
