@@ -77,6 +77,9 @@ def save(model, directory, epoch, strategy=None):
   state = {"epoch": int(epoch), "weights": name,
            "optimizer_step": int(optimizer.iterations.numpy())
                              if optimizer is not None else None}
+  book = _round_book(strategy)
+  if book is not None:
+    state["round"] = book.round + book.rounds_before
   outer = _outer_state(strategy)
   if outer is not None:
     state["outer"] = _outer_name(epoch)
@@ -148,7 +151,15 @@ def restore(model, directory, strategy=None):
     raise ValueError(f"the checkpoint {path} does not load into this model "
                      f"(saved from another model, or damaged): {e}") from e
   _restore_outer(state, directory, strategy)
+  book = _round_book(strategy)
+  if book is not None and state.get("round") is not None:
+    book.rounds_before = int(state["round"])
   return int(state["epoch"])
+
+
+def _round_book(strategy):
+  """An OscarsStrategy's round book, or None (TensorFlow's strategies)."""
+  return getattr(getattr(strategy, "extended", None), "round_book", None)
 
 
 def _restore_outer(state, directory, strategy):

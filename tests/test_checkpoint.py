@@ -292,6 +292,7 @@ class _Rounds:
 
   class book:  # noqa: N801 (stands for a round_book.RoundBook)
     epoch_index, epoch_offset, round, last_sync_step = 2, 1, 7, 30
+    rounds_before = 0
 
   class local_step:  # noqa: N801 (stands for a tf.Variable)
     @staticmethod
@@ -354,3 +355,42 @@ def test_a_keeper_that_cannot_save_lets_the_peer_error_through(tmp_path,
   monkeypatch.undo()
   assert keeper.save() is None  # non-finite weights are not a state
   assert round_state.states(str(tmp_path / "a")) == []
+
+
+def _steps_written(logdir, tag="oscars/rate"):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = []
+  for path in tf.io.gfile.glob(os.path.join(logdir, "worker_0", "events*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      steps += [event.step for v in event.summary.value if v.tag == tag]
+  return steps
+
+
+def test_a_resumed_run_numbers_its_rounds_on_in_tensorboard(tmp_path):
+  """A restarted job wrote its round summaries from round 0 again into the
+  same log directory: TensorBoard keeps one series per tag, so the second
+  attempt's rounds wrote over (or, with other loaders, mixed into) the
+  first's. Rounds are numbered on from the restored state's."""
+  import oscars_tf  # pylint: disable=g-import-not-at-top
+  logdir, ckpt = str(tmp_path / "logs"), str(tmp_path / "ckpt")
+
+  def strategy():
+    return oscars_tf.OscarsStrategy(
+        devices=["CPU:0", "CPU:1"], local_replicas="local_sgd",
+        schedule=oscars_tf.schedules.Fixed(every=2), logdir=logdir)
+  first = strategy()
+  model = _bn_model(first)
+  _fit(model)
+  done = first.extended.round_book.round
+  assert done >= 2
+  checkpoint.save(model, ckpt, epoch=1, strategy=first)
+  assert checkpoint.latest(ckpt)["round"] == done
+  first.extended.round_logs.finish_logs()
+
+  second = strategy()
+  fresh = _bn_model(second)
+  assert checkpoint.restore(fresh, ckpt, second) == 1
+  _fit(fresh)
+  second.extended.round_logs.finish_logs()
+  steps = _steps_written(logdir)
+  assert sorted(steps) == list(range(2 * done)), steps

@@ -156,7 +156,7 @@ class Keeper:
     return {
         "worker": self.worker,
         "epoch": r.epoch_index + r.epoch_offset,  # the cluster's, in flight
-        "round": r.round,
+        "round": r.round + r.rounds_before,
         "optimizer_step": int(optimizer.iterations.numpy())
                           if optimizer is not None else local_step,
         # The Python-side count: the graph's last_sync_step may already be

@@ -60,10 +60,17 @@ class RoundSummaries:
     self._book = book
     self._period = _period(book.plan) if book is not None else None
 
+  def _step(self, record):
+    """Round `record`'s step: numbered on from the rounds of the attempts a
+    restored job resumed (TensorBoard keeps one series per tag; a restart
+    numbering from 0 again would write over the run's first rounds)."""
+    before = self._book.rounds_before if self._book is not None else 0
+    return record.round + before
+
   def __call__(self, record, table, plan):
     """Writes the round of `record` (a round_history.RoundRecord, the
     newest), its `table`, and the next round's `plan`."""
-    step = record.round
+    step = self._step(record)
     self._bytes += record.bytes_sent
     with self.writer.as_default(step=step):
       self._round_context(record)
@@ -97,7 +104,7 @@ class RoundSummaries:
     """Writes what an overlapped averaging's end adds to its round's
     `record`: its bytes, divergence, seconds beside compute and waited."""
     self._bytes += record.bytes_sent
-    with self.writer.as_default(step=record.round):
+    with self.writer.as_default(step=self._step(record)):
       for name in ("divergence", "overlap_s", "take_wait_s"):
         value = getattr(record, name)
         if value == value:

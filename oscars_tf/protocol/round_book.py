@@ -104,6 +104,9 @@ class RoundBook:
     self.learning_rate_fn = learning_rate_fn or (lambda: math.nan)
     self.publish = publish and info.is_multi_worker
     self.round = 0
+    # Rounds of the attempts a restored job resumed (checkpoint.restore):
+    # its saved states and summaries number on from them.
+    self.rounds_before = 0
     empty = records.StepRateTable(
         tuple(records.TableEntry() for _ in range(self.n)), self.hosts)
     self.plan = schedule.plan(empty, 0)
