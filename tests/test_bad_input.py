@@ -22,6 +22,10 @@ import multiworker
      "averaging_dtype"),
     ({"compression": [None, "int4"]}, "WorkerMismatchError", "compression"),
     ({"empty_data": True}, "ValueError", "no training data"),
+    # A loop of trials making a strategy each: the second one's rounds met
+    # the first one's keys (AlreadyExistsError inside TensorFlow).
+    ({"second_strategy": True}, "ValueError",
+     "already made an OscarsStrategy in its cluster"),
 ])
 def test_workers_that_disagree_or_have_no_data_fail_clearly(params, error,
                                                             words):

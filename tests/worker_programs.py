@@ -219,6 +219,8 @@ def fit(params):
         512, seed=me).batch(32).repeat()
     fit_y, fit_kwargs = None, {"steps_per_epoch": params["dataset_steps"]}
   try:
+    if params.get("second_strategy"):  # refused: one per cluster process
+      _setup(params)
     initial_epoch = (_resume(params, strategy, model)
                      if params.get("resume_epochs") else 0)
     history = model.fit(fit_x, fit_y, epochs=params.get("epochs", 3),

@@ -28,6 +28,22 @@ OWNER = strategy_arguments.OWNER
 CREATION_HOOKS = []
 
 
+_made_in_cluster = []  # an OscarsStrategy this process made in a cluster
+
+
+def _one_per_cluster_process():
+  """A worker process joins its cluster once; a second strategy would
+  start its rounds again from 0 in the coordination service, where the
+  first one's keys are (AlreadyExistsError at its first round end)."""
+  if _made_in_cluster:
+    raise ValueError(
+        f"{OWNER}: this worker process already made an OscarsStrategy in "
+        "its cluster; make one per process and train every model under it "
+        "(a Keras Tuner or a loop of trials: create the strategy before "
+        "the loop).")
+  _made_in_cluster.append(True)
+
+
 class OscarsStrategy(tf.distribute.Strategy):
   """Local SGD across workers with periodic, exact model averaging.
 
@@ -141,6 +157,8 @@ class OscarsStrategy(tf.distribute.Strategy):
             else cluster_lib.from_tf_config())
     if info.is_coordinator:
       raise ClusterConfigError(cluster_lib.COORDINATOR_TASK_TRAINS_NOT)
+    if info.is_multi_worker:
+      _one_per_cluster_process()
     # The coordination service's heartbeats only catch what the straggler
     # timeout catches sooner, and a task they time out can never come back:
     # long ones let a stalled worker rejoin (stalls up to this long).
