@@ -141,6 +141,32 @@ def test_job_data_from_tensorboard_points():
       ("period", 1, None), ("poisoned", 1, 1), ("epoch_end", 1, None)]
 
 
+def test_events_of_rounds_tensorboard_left_out_are_still_placed():
+  """TensorBoard keeps a sample of a long run's rounds (1,000 per tag by
+  default). An event's round is rarely in it: a drop or an epoch end there
+  was dropped from the timeline (20 drops showed as 2). It is placed
+  between the nearest rounds kept."""
+  kept = list(range(0, 100, 10))  # the rounds TensorBoard kept
+
+  def series(value):
+    return [Point(r, 100.0 + r, value) for r in kept]
+  tags = {"oscars/compute_s": series(0.5), "oscars/wait_s": series(0.0),
+          "oscars/comm_s": series(0.0), "oscars/since_arrival_s": series(0.0),
+          "oscars/group": series(0.0),
+          "oscars/epoch_end": [Point(r, 100.0 + r, 1.0) for r in (33, 66)]}
+  dropped = [Point(r, 100.0 + r, 1.0) for r in (5, 47, 85)]
+  job = job_data.JobData.from_scalars({
+      "worker_0": tags,
+      "cluster": {"oscars/events/dropped/worker_1": dropped}})
+  placed = {(e.kind, e.round): e.t for e in job.events}
+  # Round r ended at 100 + r (the origin is round 0's start, 99.5).
+  for kind, r in [("epoch_end", 33), ("epoch_end", 66), ("dropped", 5),
+                  ("dropped", 47), ("dropped", 85)]:
+    assert placed[(kind, r)] == pytest.approx(r + 0.5), (kind, r, placed)
+  # Past the last round kept there is nothing to place it by.
+  assert job.round_times([200])[1][0] != job.round_times([200])[1][0]
+
+
 def test_rounds_without_since_arrival_are_placed_by_their_write_time():
   """Logs from before oscars/since_arrival_s: the round ended when its
   comm_s was written."""

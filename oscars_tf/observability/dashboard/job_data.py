@@ -33,6 +33,7 @@ SERIES_TAGS = ("rate", "time_budget", "period", "divergence", "loss",
                "epoch", "epoch_end", "global_sync", "local_steps",
                "bytes_sent", "overlap_s")
 WORKER_TAGS = SPAN_TAGS + SERIES_TAGS
+FLAG_TAGS = ("global_sync", "epoch_end")  # written on their rounds only
 # Event kinds, in the order the legend lists them. The first three mark a
 # worker's row; the others are cluster-wide (a line across all rows).
 WORKER_EVENTS = ("dropped", "rejoined", "poisoned")
@@ -71,6 +72,35 @@ def _align(steps, tag, fill=np.nan):
   return out
 
 
+def _between(rounds, known, values):
+  """`values` (at sorted rounds `known`, NaN where unknown) at `rounds`:
+  exact where known, linear between the nearest known ones, NaN outside."""
+  out = np.full(rounds.shape, np.nan, np.float64)
+  ok = ~np.isnan(values)
+  known, values = known[ok], values[ok]
+  if known.size == 0:
+    return out
+  inside = (rounds >= known[0]) & (rounds <= known[-1])
+  out[inside] = np.interp(rounds[inside], known, values)
+  return out
+
+
+def _flagged(worker, kind):
+  """The rounds `worker` raised flag `kind` in (from its own points, else
+  from its series: a WorkerRounds made without them)."""
+  if kind in worker.flags:
+    return worker.flags[kind].tolist()
+  if kind in worker.series:
+    return worker.rounds[worker.series[kind] > 0].tolist()
+  return []
+
+
+def _last_at(values, round_):
+  """`values` (round -> value) at the last round <= `round_`, or NaN."""
+  before = [r for r in values if r <= round_]
+  return values[max(before)] if before else np.nan
+
+
 def _first_per_round(rounds, values, smallest=False):
   """(sorted unique rounds, the first value logged for each; with
   `smallest` the smallest)."""
@@ -94,6 +124,9 @@ class WorkerRounds:
   comm: np.ndarray
   group: np.ndarray     # the group's lowest member (-1: unknown)
   series: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  # FLAG_TAGS: the rounds each was raised in, from its own points (a
+  # sparse tag keeps rounds the dense ones' sample may have left out).
+  flags: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
   def arrive(self):
@@ -125,8 +158,11 @@ class WorkerRounds:
     group = np.nan_to_num(_align(steps, tags.get("group")), nan=-1)
     series = {name: _align(steps, tags.get(name))[keep]
               for name in SERIES_TAGS if name in tags}
+    flags = {name: np.unique(tags[name][0][tags[name][2] > 0])
+             for name in FLAG_TAGS if name in tags}
     return cls(worker, steps[keep], (arrive - compute)[keep], compute[keep],
-               wait[keep], comm[keep], group[keep].astype(np.int64), series)
+               wait[keep], comm[keep], group[keep].astype(np.int64), series,
+               flags)
 
 
 @dataclasses.dataclass
@@ -202,12 +238,12 @@ class JobData:
         rounds, np.concatenate([w.end for w in self.workers]), True)[1]
 
   def round_times(self, rounds):
-    """(start, end) of `rounds` over the cluster (NaN where none logged)."""
+    """(start, end) of `rounds` over the cluster: as logged, or between the
+    nearest rounds logged (TensorBoard keeps a sample of a long run's
+    rounds: an event's round is often not one of them); NaN outside."""
     rounds = np.asarray(rounds, np.int64)
-    tag = (self._rounds, self._rounds, self._round_start)
-    start = _align(rounds, tag)
-    end = _align(rounds, (self._rounds, self._rounds, self._round_end))
-    return start, end
+    return (_between(rounds, self._rounds, self._round_start),
+            _between(rounds, self._rounds, self._round_end))
 
   def _events(self, cluster_events):
     events = []
@@ -229,18 +265,18 @@ class JobData:
   def _cluster_events(self):
     """Period changes, global syncs and epoch ends, from every worker's
     flags (a worker out of some rounds still reports the others)."""
-    flagged, first = {}, {}
-    for kind in ("global_sync", "epoch_end", "period", "epoch"):
+    flagged = {kind: sorted(set().union(*[
+        _flagged(w, kind) for w in self.workers])) for kind in FLAG_TAGS}
+    first = {}
+    for kind in ("period", "epoch"):
       having = [w for w in self.workers if kind in w.series]
-      if not having:
-        flagged[kind], first[kind] = [], {}
-        continue
-      rounds = np.concatenate([w.rounds for w in having])
-      values = np.concatenate([w.series[kind] for w in having])
+      rounds = np.concatenate([w.rounds for w in having] or [[]])
+      values = np.concatenate([w.series[kind] for w in having] or [[]])
       ok = ~np.isnan(values)
-      known, value = _first_per_round(rounds[ok], values[ok])
-      flagged[kind] = known[value > 0].tolist()
-      first[kind] = dict(zip(known.tolist(), value.tolist()))
+      known, value = (_first_per_round(rounds[ok], values[ok]) if ok.any()
+                      else ([], []))
+      first[kind] = dict(zip(np.asarray(known).tolist(),
+                             np.asarray(value).tolist()))
     period, epoch = first["period"], first["epoch"]
     events = []
     rounds = flagged["global_sync"]
@@ -248,7 +284,7 @@ class JobData:
       events.append(Event("global_sync", r, t, None))
     rounds = flagged["epoch_end"]
     for r, t in zip(rounds, self.round_times(rounds)[1].tolist()):
-      events.append(Event("epoch_end", r, t, None, epoch.get(r, np.nan)))
+      events.append(Event("epoch_end", r, t, None, _last_at(epoch, r)))
     known = sorted(period)
     changes = [r for a, r in zip(known, known[1:]) if period[r] != period[a]]
     for r, t in zip(changes, self.round_times(changes)[0].tolist()):

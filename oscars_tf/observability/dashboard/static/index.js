@@ -154,7 +154,10 @@ async function showWorkers() {
 async function showCompare() {
   const jobs = await Promise.all(state.selected.map(
       (j) => getJson(`./job?${query(j)}`)));
-  return [compareTable(state.selected, jobs)];
+  // Counted from the rounds TensorBoard kept: said once, as on the others.
+  const note = jobs.map(sampledNote).find((n) => n);
+  return note ? [note, compareTable(state.selected, jobs)] :
+    [compareTable(state.selected, jobs)];
 }
 
 // Every ticked job's length, for the shared time axis.
