@@ -70,8 +70,9 @@ flags.DEFINE_string("checkpoint_dir", None, "Save after every epoch (and, "
                     "collective); resume from the newest state here.")
 flags.DEFINE_string("result_json", None, "Write final metrics here (chief).")
 flags.DEFINE_boolean("deterministic", False, "Bit-reproducible training, so "
-                     "that a run resumed from a checkpoint ends with the "
-                     "same weights as one never stopped: TF op determinism, "
+                     "that a run resumed from an epoch checkpoint ends with "
+                     "the same weights as one never stopped: TF op "
+                     "determinism, "
                      "and each epoch's data order a function of --seed and "
                      "the epoch alone (fit then runs one epoch per call). "
                      "Needs a schedule that does not depend on timing "
@@ -160,14 +161,31 @@ def _deterministic_supported(values):
 
 
 flags.register_validator(
-    "checkpoint_dir", lambda d: not d or not os.path.exists(d) or
-    os.path.isdir(d), message="--checkpoint_dir must be a directory (or not "
-    "exist yet), not a file")
+    "checkpoint_dir", lambda d: not d or "://" not in d and (
+        not os.path.exists(d) or os.path.isdir(d)),
+    message="--checkpoint_dir must be a local or mounted directory (or not "
+    "exist yet), not a file or a URL (mount a bucket: checkpoints are made "
+    "atomic by renames)")
 
 
-def _prepare_result_json():
-  """Makes --result_json's directory now, not after training (where a
-  missing one would lose the result)."""
+@flags.multi_flags_validator(
+    ["deterministic", "warmup_steps"],
+    message="--deterministic: a resumed run would warm up again "
+    "(--warmup_steps counts each start's rounds) and not end as an unstopped "
+    "one; leave --warmup_steps at 0")
+def _deterministic_without_warmup(values):
+  return not (values["deterministic"] and values["warmup_steps"])
+
+
+def _prepare_outputs():
+  """Makes --result_json's directory and --checkpoint_dir now, not after
+  training or its first epoch (where a missing or unwritable one would
+  lose the result or fail the chief)."""
+  if FLAGS.checkpoint_dir:
+    try:
+      checkpoint.check_directory(FLAGS.checkpoint_dir)
+    except ValueError as e:
+      sys.exit(f"train.py: --checkpoint_dir: {e}")
   if FLAGS.result_json:
     try:
       os.makedirs(os.path.dirname(os.path.abspath(FLAGS.result_json)),
@@ -191,7 +209,7 @@ def _optimizer(keras):
 
 def main(argv):
   del argv
-  _prepare_result_json()
+  _prepare_outputs()
   ps = FLAGS.strategy == "parameter_server"
   if ps:
     import ps_loop  # pylint: disable=g-import-not-at-top

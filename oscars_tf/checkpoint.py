@@ -54,6 +54,26 @@ def _outer_state(strategy):
   return outer_state() if outer_state is not None else None
 
 
+def check_directory(directory):
+  """Raises ValueError (one line) unless `directory` can hold checkpoints:
+  a local or mounted path (their atomicity is the local file system's
+  renames and flushes), made here if missing, writable."""
+  _refuse_url(directory)
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"cannot make {directory!r}: {e.strerror or e}") from None
+  if not os.access(directory, os.W_OK | os.X_OK):
+    raise ValueError(f"{directory!r} is not writable")
+
+
+def _refuse_url(directory):
+  if directory and "://" in str(directory):
+    raise ValueError(
+        f"{directory!r} is a URL: checkpoints need a local or mounted "
+        "directory (mount the bucket, e.g. with gcsfuse or s3fs)")
+
+
 def save(model, directory, epoch, strategy=None):
   """Writes `model` (and its optimizer, and `strategy`'s outer optimizer
   state) as the checkpoint of `epoch`; returns whether it did.
@@ -68,6 +88,7 @@ def save(model, directory, epoch, strategy=None):
         f"the last good checkpoint (epoch {last['epoch']}) stays" if last
         else "there is no checkpoint yet")
     return False
+  _refuse_url(directory)
   os.makedirs(directory, exist_ok=True)
   name = _weights_name(epoch)
   tmp = saved_files.temp_prefix(directory)
@@ -127,6 +148,7 @@ def restore(model, directory, strategy=None):
   worker resumed the same state (distribute/resumed.py). Temporary files
   of saves killed midway are removed.
   """
+  _refuse_url(directory)
   if directory:  # nobody saves while the workers restore
     saved_files.remove_temps(directory, saved_files.EVERY_SAVE)
   keep = getattr(getattr(strategy, "extended", None), "keep_round_state",
@@ -150,11 +172,29 @@ def restore(model, directory, strategy=None):
   except (ValueError, OSError) as e:  # another model's, or a file gone
     raise ValueError(f"the checkpoint {path} does not load into this model "
                      f"(saved from another model, or damaged): {e}") from e
+  _check_optimizer_restored(optimizer, state, path)
   _restore_outer(state, directory, strategy)
   book = _round_book(strategy)
   if book is not None and state.get("round") is not None:
     book.rounds_before = int(state["round"])
   return int(state["epoch"])
+
+
+def _check_optimizer_restored(optimizer, state, path):
+  """Keras loads a model whose optimizer differs from the saved one's (a
+  changed --optimizer, another Keras flavour) and only warns that it left
+  the optimizer out: its step count restarts at 0, and later choices that
+  rank states by optimizer step with it. Said here, naming the file."""
+  saved = state.get("optimizer_step")
+  if optimizer is None or saved is None:
+    return
+  now = int(optimizer.iterations.numpy())
+  if now != int(saved):
+    logging.warning(
+        "oscars_tf: %s was saved at optimizer step %d, but the optimizer "
+        "restored is at step %d: its state did not load (another optimizer "
+        "or Keras flavour than the one saved); it starts afresh.", path,
+        int(saved), now)
 
 
 def _round_book(strategy):

@@ -394,3 +394,42 @@ def test_a_resumed_run_numbers_its_rounds_on_in_tensorboard(tmp_path):
   second.extended.round_logs.finish_logs()
   steps = _steps_written(logdir)
   assert sorted(steps) == list(range(2 * done)), steps
+
+
+def test_a_checkpoint_directory_that_cannot_hold_checkpoints_is_one_line(
+    tmp_path):
+  """A URL (os paths found nothing there to restore, and the first save
+  failed the chief), or a path that cannot be made: refused at start."""
+  with pytest.raises(ValueError, match="is a URL: .*mount the bucket"):
+    checkpoint.check_directory("gs://bucket/run")
+  with pytest.raises(ValueError, match="is a URL"):
+    checkpoint.restore(_model(0), "gs://bucket/run")
+  with pytest.raises(ValueError, match="is a URL"):
+    checkpoint.save(_model(0), "s3://bucket/run", 1)
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ValueError, match="cannot make .*a_file/ckpt"):
+    checkpoint.check_directory(str(tmp_path / "a_file" / "ckpt"))
+  checkpoint.check_directory(str(tmp_path / "new" / "ckpt"))
+  assert (tmp_path / "new" / "ckpt").is_dir()
+
+
+def test_an_optimizer_state_that_did_not_load_is_said(tmp_path, caplog):
+  """Restored into another optimizer (a changed --optimizer): Keras skips
+  its state with a warning of its own that names no file; the step count
+  restarts at 0. The restore says which checkpoint, at which step."""
+  import keras  # pylint: disable=g-import-not-at-top
+  saved = _model(2)  # Adam, 3 steps
+  checkpoint.save(saved, str(tmp_path), epoch=1)
+  other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+  other.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                loss="mse")
+  with caplog.at_level("WARNING"):
+    checkpoint.restore(other, str(tmp_path))
+  said = [r.getMessage() for r in caplog.records
+          if "did not load" in r.getMessage()]
+  assert len(said) == 1 and "epoch-1.weights.h5 was saved at optimizer " \
+      "step 3, but the optimizer restored is at step 0" in said[0], said
+  with caplog.at_level("WARNING"):  # the same optimizer: nothing said
+    caplog.clear()
+    checkpoint.restore(_model(0), str(tmp_path))
+  assert not [r for r in caplog.records if "did not load" in r.getMessage()]

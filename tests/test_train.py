@@ -68,6 +68,12 @@ def _train(*flags, timeout=120):
     ("--strategy=oscars --period=4", ["--period", "--strategy=local_sgd"]),
     ("--deterministic --strategy=local_sgd --optimizer=adam",
      ["--deterministic", "--optimizer_state=average"]),
+    # Refused at start: it failed the chief at the first epoch's end, and a
+    # restore found nothing (os paths), so every restart began at epoch 0.
+    ("--checkpoint_dir=gs://bucket/run", ["--checkpoint_dir", "URL",
+                                          "mount"]),
+    ("--deterministic --strategy=local_sgd --warmup_steps=3",
+     ["--deterministic", "--warmup_steps"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
   proc = _train(*flag.split(), timeout=60)
