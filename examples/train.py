@@ -330,6 +330,9 @@ def main(argv):
   if initial_epoch >= FLAGS.epochs:
     logging.info("checkpoint is at epoch %d >= --epochs; nothing to train",
                  initial_epoch)
+    # This attempt trained no step: its numbers say so (not the steps of
+    # the attempts before it, over a wall time of 0).
+    clock["steps0"] = int(model.optimizer.iterations.numpy())
   elif ps:
     from oscars_tf import simulate as simulate_lib  # pylint: disable=g-import-not-at-top
     # The launcher's --simulate_step_time comes as the environment's.

@@ -296,6 +296,14 @@ def test_two_workers_reach_the_stated_accuracy_and_resume(tmp_path):
   assert second["optimizer_step"] == saved["optimizer_step"] + resumed_steps
   assert second["test_accuracy"] >= 0.93, second
   assert not [p for p in os.listdir(ckpt) if p.startswith(".tmp")]
+  # Resumed once more, finished (a restart after the last checkpoint):
+  # nothing to train, and its numbers say so. Before, each worker's steps
+  # were every earlier attempt's, over a wall time of 0.
+  third, _ = _launch_train(tmp_path, "third", "--epochs=4",
+                           f"--checkpoint_dir={ckpt}")
+  assert third["initial_epoch"] == 4 and third["curve"] == []
+  assert third["optimizer_step"] == second["optimizer_step"]
+  assert [w["steps"] for w in third["per_worker"]] == [0, 0], third
 
 
 def test_mwms_custom_loop_and_simulated_delays(tmp_path):
