@@ -72,7 +72,7 @@ def _train(*flags, timeout=120):
     # restore found nothing (os paths), so every restart began at epoch 0.
     ("--checkpoint_dir=gs://bucket/run", ["--checkpoint_dir", "URL",
                                           "mount"]),
-    ("--deterministic --strategy=local_sgd --warmup_steps=3",
+    ("--deterministic --strategy=local_sgd --optimizer=sgd --warmup_steps=3",
      ["--deterministic", "--warmup_steps"]),
 ])
 def test_a_bad_flag_exits_with_one_line_naming_it(flag, names):
