@@ -7,9 +7,17 @@ flavour-agnostic and lives in `method_wrappers` (the wrapped `fit`,
 agreement) and `fit_inputs` (each worker's share of the training input).
 """
 
+import functools
 import importlib.util
 import os
 import sys
+
+
+@functools.cache
+def _has_tf_keras():
+  # Asked at every scope entry (strategy.run enters it): the search of
+  # sys.path once.
+  return importlib.util.find_spec("tf_keras") is not None
 
 
 def install():
@@ -25,7 +33,7 @@ def install():
   if not legacy or "keras" in sys.modules:
     from oscars_tf.frontends import keras3  # pylint: disable=g-import-not-at-top
     keras3.install()
-  if importlib.util.find_spec("tf_keras") is None:  # tf_keras is optional
+  if not _has_tf_keras():  # tf_keras is optional
     return
   # Installed: an ImportError here means tf_keras moved an internal the
   # front end hooks, which must not pass silently.
